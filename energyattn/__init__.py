@@ -1,0 +1,43 @@
+"""energyattn: attention as energy minimisation in JAX and Equinox.
+
+Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*`, data at
+`energyattn.data.*`.
+"""
+
+import importlib.metadata
+
+from . import data as data, nn as nn, viz as viz
+from ._energy import (
+    AbstractEnergy as AbstractEnergy,
+    AbstractHiddenPrior as AbstractHiddenPrior,
+    BernoulliPrior as BernoulliPrior,
+    BinaryVisible as BinaryVisible,
+    ClassicalHopfieldEnergy as ClassicalHopfieldEnergy,
+    ConstantPrior as ConstantPrior,
+    DenseHopfieldEnergy as DenseHopfieldEnergy,
+    ExponentialSeparation as ExponentialSeparation,
+    FunctionEnergy as FunctionEnergy,
+    GaussianPrior as GaussianPrior,
+    GaussianVisible as GaussianVisible,
+    HopfieldEnergy as HopfieldEnergy,
+    MixtureEnergy as MixtureEnergy,
+    PoissonPrior as PoissonPrior,
+    PolynomialSeparation as PolynomialSeparation,
+    RBMEffectiveEnergy as RBMEffectiveEnergy,
+    ScaledEnergy as ScaledEnergy,
+    SumEnergy as SumEnergy,
+    classical_hopfield_energy as classical_hopfield_energy,
+    cumulant as cumulant,
+    dense_hopfield_energy as dense_hopfield_energy,
+    energy_tree as energy_tree,
+    hebbian_weights as hebbian_weights,
+    hopfield_energy as hopfield_energy,
+    rbm_effective_energy as rbm_effective_energy,
+    rbm_joint_energy as rbm_joint_energy,
+)
+from ._solver import Descent as Descent, descend as descend, sign_descend as sign_descend
+
+try:
+    __version__ = importlib.metadata.version("energyattn")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0+unknown"

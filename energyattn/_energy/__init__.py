@@ -1,0 +1,32 @@
+from ._base import (
+    AbstractEnergy as AbstractEnergy,
+    FunctionEnergy as FunctionEnergy,
+    MixtureEnergy as MixtureEnergy,
+    ScaledEnergy as ScaledEnergy,
+    SumEnergy as SumEnergy,
+    energy_tree as energy_tree,
+)
+from ._hopfield import (
+    ClassicalHopfieldEnergy as ClassicalHopfieldEnergy,
+    DenseHopfieldEnergy as DenseHopfieldEnergy,
+    ExponentialSeparation as ExponentialSeparation,
+    HopfieldEnergy as HopfieldEnergy,
+    PolynomialSeparation as PolynomialSeparation,
+    classical_hopfield_energy as classical_hopfield_energy,
+    dense_hopfield_energy as dense_hopfield_energy,
+    hebbian_weights as hebbian_weights,
+    hopfield_energy as hopfield_energy,
+)
+from ._rbm import (
+    AbstractHiddenPrior as AbstractHiddenPrior,
+    BernoulliPrior as BernoulliPrior,
+    BinaryVisible as BinaryVisible,
+    ConstantPrior as ConstantPrior,
+    GaussianPrior as GaussianPrior,
+    GaussianVisible as GaussianVisible,
+    PoissonPrior as PoissonPrior,
+    RBMEffectiveEnergy as RBMEffectiveEnergy,
+    cumulant as cumulant,
+    rbm_effective_energy as rbm_effective_energy,
+    rbm_joint_energy as rbm_joint_energy,
+)

@@ -1,0 +1,2 @@
+from ._descend import Descent as Descent, descend as descend
+from ._sign import sign_descend as sign_descend

@@ -1,0 +1,8 @@
+"""Data shipped with energyattn's dependencies (scikit-learn's 8x8 digits) and corruptions."""
+
+from ._corruption import (
+    add_gaussian_noise as add_gaussian_noise,
+    flip_signs as flip_signs,
+    mask_entries as mask_entries,
+)
+from ._digits import Digits as Digits, load_digits as load_digits

@@ -1,0 +1,145 @@
+"""Corruptions of one example (unbatched): sign flips, masking, Gaussian noise.
+
+The number of corrupted entries is computed from `fraction` and the (static) shape of `x`,
+so every function has static output shapes and works under `jax.jit` and `jax.vmap`; only
+which entries are corrupted depends on the key.
+"""
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, Shaped
+
+from .._checks import concrete_value
+
+
+def _is_real_scalar(value: np.ndarray) -> bool:
+    return value.ndim == 0 and np.issubdtype(value.dtype, np.number) and not np.iscomplexobj(value)
+
+
+def _num_corrupted(fraction: Any, size: int) -> int:
+    """`round(fraction * size)` for a concrete `fraction` in [0, 1], else a `ValueError`."""
+    if isinstance(fraction, bool):
+        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    value = concrete_value(fraction)
+    if value is None:
+        raise ValueError(
+            "fraction must be a concrete Python number (it fixes how many entries are "
+            "corrupted, a static shape); got a traced value: close over it instead of "
+            "passing it through jit/vmap"
+        )
+    if not _is_real_scalar(value):
+        raise ValueError(f"fraction must be a real number in [0, 1], got {fraction!r}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"fraction must be in [0, 1], got {value}")
+    return round(value * size)
+
+
+def _corruption_mask(
+    key: PRNGKeyArray, shape: tuple[int, ...], count: int
+) -> Bool[Array, "*shape"]:
+    """A boolean array of `shape` with exactly `count` True entries, uniformly placed."""
+    size = int(np.prod(shape, dtype=np.int64))
+    chosen = jr.permutation(key, size)[:count]
+    return jnp.zeros(size, dtype=bool).at[chosen].set(True).reshape(shape)
+
+
+def flip_signs(
+    x: Shaped[ArrayLike, "*shape"], fraction: float | int, *, key: PRNGKeyArray
+) -> Shaped[Array, "*shape"]:
+    r"""Flip the sign of a random `fraction` of the entries of `x`.
+
+    $$\tilde x_i = \begin{cases} -x_i & i \in S \\ x_i & \text{otherwise}\end{cases},
+      \qquad |S| = \mathrm{round}(\text{fraction}\cdot\text{size})$$
+
+    with $S$ drawn uniformly without replacement. For a $\pm1$ pattern exactly $|S|$ pixels
+    change (the usual corruption of classical Hopfield memories).
+
+    **Arguments:**
+
+    - `x`: one example of any shape, e.g. a $\pm1$ pattern of shape `(dim,)`.
+    - `fraction`: fraction of entries to flip, a Python number in $[0, 1]$ (static: it fixes
+      the number of flipped entries; halves round to even, as Python's `round`).
+    - `key`: PRNG key choosing the entries.
+
+    **Returns:**
+
+    An array of the same shape and dtype as `x`.
+    """
+    x = jnp.asarray(x)
+    count = _num_corrupted(fraction, x.size)
+    return jnp.where(_corruption_mask(key, x.shape, count), -x, x)
+
+
+def mask_entries(
+    x: Shaped[ArrayLike, "*shape"],
+    fraction: float | int,
+    *,
+    key: PRNGKeyArray,
+    fill: float | int | bool | Shaped[ArrayLike, ""] = 0.0,
+) -> Shaped[Array, "*shape"]:
+    r"""Replace a random `fraction` of the entries of `x` by `fill`.
+
+    $$\tilde x_i = \begin{cases} \text{fill} & i \in S \\ x_i & \text{otherwise}\end{cases},
+      \qquad |S| = \mathrm{round}(\text{fraction}\cdot\text{size})$$
+
+    with $S$ drawn uniformly without replacement. With $\pm1$ patterns the default fill 0 is
+    "unknown": it is equidistant from both signs.
+
+    **Arguments:**
+
+    - `x`: one example of any shape.
+    - `fraction`: fraction of entries to replace, a Python number in $[0, 1]$ (static).
+    - `key`: PRNG key choosing the entries.
+    - `fill`: the value written into the chosen entries (cast to `x`'s dtype).
+
+    **Returns:**
+
+    An array of the same shape and dtype as `x`.
+    """
+    x = jnp.asarray(x)
+    count = _num_corrupted(fraction, x.size)
+    return jnp.where(_corruption_mask(key, x.shape, count), jnp.asarray(fill, x.dtype), x)
+
+
+def add_gaussian_noise(
+    x: Float[ArrayLike, "*shape"],
+    variance: float | int | Float[ArrayLike, ""],
+    *,
+    key: PRNGKeyArray,
+) -> Float[Array, "*shape"]:
+    r"""Add independent Gaussian noise of the given variance to every entry of `x`.
+
+    $$\tilde x = x + \sigma\,\varepsilon, \qquad \varepsilon \sim \mathcal N(0, I),\quad
+      \sigma^2 = \text{variance}$$
+
+    **Arguments:**
+
+    - `x`: one floating-point example of any shape.
+    - `variance`: $\sigma^2 \ge 0$, a number or 0-d array (it may be traced; a negative traced
+      value raises when the computation runs).
+    - `key`: PRNG key for the noise.
+
+    **Returns:**
+
+    An array of the same shape and dtype as `x`.
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
+    concrete = concrete_value(variance)
+    if concrete is not None:
+        if not _is_real_scalar(concrete):
+            raise ValueError(f"variance must be a real scalar, got {variance!r}")
+        if not concrete >= 0:  # also rejects NaN
+            raise ValueError(f"variance must be >= 0, got {float(concrete)}")
+    variance = jnp.asarray(variance)
+    if variance.ndim != 0:
+        raise ValueError(f"variance must be a scalar, got shape {variance.shape}")
+    variance = eqx.error_if(variance, ~(variance >= 0), "variance must be >= 0")
+    noise = jr.normal(key, x.shape, dtype=x.dtype)
+    return x + jnp.sqrt(variance).astype(x.dtype) * noise

@@ -1,0 +1,75 @@
+"""scikit-learn's shipped 8x8 handwritten digits, with a fixed train/test split."""
+
+from typing import Literal, NamedTuple
+
+import numpy as np
+from jaxtyping import Float, Int
+
+
+class Digits(NamedTuple):
+    """Images and labels returned by [`load_digits`][energyattn.data.load_digits].
+
+    A named tuple, so `images, labels = load_digits()` works.
+
+    **Attributes:**
+
+    - `images`: NumPy float array of shape `(n, 8, 8)`, pixel intensities in $[0, 1]$.
+    - `labels`: NumPy int array of shape `(n,)`, the digit classes $0, \\dots, 9$.
+    """
+
+    images: Float[np.ndarray, "n 8 8"]
+    labels: Int[np.ndarray, " n"]
+
+
+def load_digits(
+    split: Literal["train", "test"] | None = None,
+    *,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> Digits:
+    r"""Load scikit-learn's 1797 handwritten 8x8 digits (shipped with scikit-learn, no download).
+
+    Pixels are the original 17 grey levels scaled to $[0, 1]$ (`pixel / 16`). The split is a
+    fixed permutation of all examples drawn with NumPy from `seed`: the first
+    `round(test_fraction * n)` permuted examples are the test set, the rest the training set
+    (not stratified). Within each split the examples keep their original order, so the same
+    arguments always return the same arrays.
+
+    **Arguments:**
+
+    - `split`: `"train"`, `"test"`, or `None` for all 1797 examples.
+    - `test_fraction`: the fraction of examples in the test split, in $(0, 1)$.
+    - `seed`: seed of the split's permutation.
+
+    **Returns:**
+
+    A [`Digits`][energyattn.data.Digits] named tuple of NumPy arrays `(images, labels)`:
+    `images` of shape `(n, 8, 8)` (float64 in $[0, 1]$) and `labels` of shape `(n,)` (int).
+    Convert with `jnp.asarray` where needed.
+
+    **Raises:**
+
+    `ImportError` if scikit-learn is not installed (`pip install 'energyattn[examples]'`).
+    """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    try:
+        from sklearn import datasets
+    except ImportError as error:
+        raise ImportError(
+            "energyattn.data.load_digits needs scikit-learn, which ships the digits: "
+            "pip install 'energyattn[examples]'"
+        ) from error
+    bunch = datasets.load_digits()
+    images = np.asarray(bunch.images, dtype=np.float64) / 16.0
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    if split is None:
+        return Digits(images=images, labels=labels)
+    n = labels.shape[0]
+    permutation = np.random.default_rng(seed).permutation(n)
+    num_test = round(test_fraction * n)
+    chosen = permutation[:num_test] if split == "test" else permutation[num_test:]
+    chosen = np.sort(chosen)
+    return Digits(images=images[chosen], labels=labels[chosen])

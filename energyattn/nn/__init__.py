@@ -1,0 +1,4 @@
+"""Attention layers (unbatched Equinox modules; use `jax.vmap` for batches)."""
+
+from ._hopfield import HopfieldAttention as HopfieldAttention
+from ._softmax import SoftmaxAttention as SoftmaxAttention

@@ -1,0 +1,95 @@
+"""What the attention layers share: head bookkeeping, projections and input checks."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+
+from .._checks import check_finite, check_mask, check_shape, positive_int
+
+
+def resolve_dims(
+    query_dim: Any, context_dim: Any, num_heads: Any, head_dim: Any, bare: bool
+) -> tuple[int, int, int, int]:
+    """Validated `(query_dim, context_dim, num_heads, head_dim)`."""
+    query_dim = positive_int("query_dim", query_dim)
+    context_dim = query_dim if context_dim is None else positive_int("context_dim", context_dim)
+    num_heads = positive_int("num_heads", num_heads)
+    if bare:
+        # No projections: heads are slices of the raw features, so everything must line up.
+        if context_dim != query_dim:
+            raise ValueError(
+                f"bare attention has no projections, so context_dim must equal query_dim; "
+                f"got query_dim={query_dim}, context_dim={context_dim}"
+            )
+        if query_dim % num_heads:
+            raise ValueError(
+                f"bare attention splits query_dim={query_dim} into num_heads={num_heads} "
+                f"heads, which does not divide evenly"
+            )
+        if head_dim is not None and positive_int("head_dim", head_dim) != query_dim // num_heads:
+            raise ValueError(
+                f"bare attention has head_dim = query_dim / num_heads = {query_dim // num_heads}, "
+                f"got head_dim={head_dim}"
+            )
+        return query_dim, context_dim, num_heads, query_dim // num_heads
+    if head_dim is None:
+        if query_dim % num_heads:
+            raise ValueError(
+                f"query_dim={query_dim} does not split into num_heads={num_heads} heads; "
+                "pass head_dim explicitly or choose a divisor"
+            )
+        head_dim = query_dim // num_heads
+    return query_dim, context_dim, num_heads, positive_int("head_dim", head_dim)
+
+
+def linear(
+    in_features: int, out_features: int, *, use_bias: bool, dtype: Any, key: PRNGKeyArray
+) -> eqx.nn.Linear:
+    return eqx.nn.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype, key=key)
+
+
+def project(layer: eqx.nn.Linear | None, x: Float[Array, "seq dim"]) -> Float[Array, "seq out"]:
+    return x if layer is None else jax.vmap(layer)(x)
+
+
+def prepare_inputs(
+    x: Float[ArrayLike, "seq query_dim"],
+    context: Float[ArrayLike, "mem context_dim"] | None,
+    mask: Bool[ArrayLike, "seq mem"] | None,
+    query_dim: int,
+    context_dim: int,
+) -> tuple[
+    Float[Array, "seq query_dim"], Float[Array, "mem context_dim"], Bool[Array, "seq mem"] | None
+]:
+    """Check shapes (ValueError) and finiteness (runtime error); self-attention if no context."""
+    check_shape("x", x, "seq dim", dim=query_dim)
+    x = check_finite("x", x)
+    if context is None:
+        if context_dim != query_dim:
+            raise ValueError(
+                f"self-attention (no context) needs context_dim == query_dim, got "
+                f"query_dim={query_dim}, context_dim={context_dim}"
+            )
+        context = x
+    else:
+        check_shape("context", context, "mem dim", dim=context_dim)
+        context = check_finite("context", context)
+    if mask is not None:
+        mask = check_mask(mask, (x.shape[0], context.shape[0]), "seq mem")
+    return x, context, mask
+
+
+def split_heads(x: Float[Array, "seq inner"], num_heads: int) -> Float[Array, "heads seq head_dim"]:
+    return rearrange(x, "s (h d) -> h s d", h=num_heads)
+
+
+def merge_heads(x: Float[Array, "heads seq head_dim"]) -> Float[Array, "seq inner"]:
+    return rearrange(x, "h s d -> s (h d)")
+
+
+def default_dtype(dtype: Any) -> Any:
+    return jnp.result_type(float) if dtype is None else dtype

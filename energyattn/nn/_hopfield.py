@@ -1,0 +1,163 @@
+"""Energy-based attention: queries descend the log-sum-exp energy of their keys."""
+
+from typing import Any, Literal, overload
+
+import equinox as eqx
+import jax
+import jax.random as jr
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+
+from .._checks import check_positive, positive_int
+from .._energy import HopfieldEnergy
+from .._solver import Descent, descend
+from ._common import (
+    default_dtype,
+    linear,
+    merge_heads,
+    prepare_inputs,
+    project,
+    resolve_dims,
+    split_heads,
+)
+
+
+class HopfieldAttention(eqx.Module):
+    r"""Energy-based attention: each head's queries descend the modern Hopfield energy of its keys.
+
+    $$E_h(Q_h) = \sum_i \tfrac12 \lVert q_{hi}\rVert^2
+      - \frac1\beta \sum_i \log \sum_{j} e^{\beta\, q_{hi}\cdot k_{hj}},
+      \qquad Q = xW_Q,\; K = cW_K,$$
+
+    $$Q_h \leftarrow Q_h - \alpha\,\nabla_{Q_h} E_h(Q_h) \quad (\text{num\_steps times}),
+      \qquad \text{output} = \mathrm{concat}_h(Q_h)\, W_O + b_O.$$
+
+    There is no value projection: one step with $\alpha = 1$ gives
+    $\mathrm{softmax}(\beta Q_h K_h^\top) K_h$, i.e. softmax attention whose values are its
+    keys; the output projection plays the role of $W_V$. For self-attention the keys are
+    computed once from the input and held fixed while the queries move (differentiating
+    $E(x, x)$ through both arguments would be a different update). Heads are independent
+    subspaces, so each head descends its own energy (a `vmap` over heads).
+
+    **Arguments:**
+
+    - `query_dim`, `context_dim`, `num_heads`, `head_dim`, `bare`, `dtype`, `key`: as in
+      [`SoftmaxAttention`][energyattn.nn.SoftmaxAttention].
+    - `beta`: inverse temperature (default $1/\sqrt{\text{head\_dim}}$).
+    - `step_size`: descent step $\alpha > 0$ (default 1).
+    - `num_steps`: number of descent steps (default 1).
+
+    ??? cite "Source"
+
+        M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021),
+        "Implicit energy-based attention".
+    """
+
+    query_proj: eqx.nn.Linear | None
+    key_proj: eqx.nn.Linear | None
+    output_proj: eqx.nn.Linear | None
+    beta: float
+    step_size: float
+    num_steps: int = eqx.field(static=True)
+    query_dim: int = eqx.field(static=True)
+    context_dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    bare: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        query_dim: int,
+        context_dim: int | None = None,
+        *,
+        num_heads: int = 1,
+        head_dim: int | None = None,
+        beta: float | None = None,
+        step_size: float = 1.0,
+        num_steps: int = 1,
+        bare: bool = False,
+        dtype: Any = None,
+        key: PRNGKeyArray,
+    ):
+        dims = resolve_dims(query_dim, context_dim, num_heads, head_dim, bare)
+        self.query_dim, self.context_dim, self.num_heads, self.head_dim = dims
+        self.bare = bare
+        self.beta = float(check_positive("beta", self.head_dim**-0.5 if beta is None else beta))
+        self.step_size = float(check_positive("step_size", step_size))
+        self.num_steps = positive_int("num_steps", num_steps, minimum=0)
+        if bare:
+            self.query_proj = self.key_proj = self.output_proj = None
+        else:
+            dtype = default_dtype(dtype)
+            inner = self.num_heads * self.head_dim
+            kq, kk, ko = jr.split(key, 3)
+            self.query_proj = linear(self.query_dim, inner, use_bias=False, dtype=dtype, key=kq)
+            self.key_proj = linear(self.context_dim, inner, use_bias=False, dtype=dtype, key=kk)
+            self.output_proj = linear(inner, self.query_dim, use_bias=True, dtype=dtype, key=ko)
+
+    @overload
+    def __call__(
+        self,
+        x: Float[ArrayLike, "seq query_dim"],
+        context: Float[ArrayLike, "mem context_dim"] | None = None,
+        *,
+        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        return_trajectory: Literal[False] = False,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "seq query_dim"]: ...
+
+    @overload
+    def __call__(
+        self,
+        x: Float[ArrayLike, "seq query_dim"],
+        context: Float[ArrayLike, "mem context_dim"] | None = None,
+        *,
+        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        return_trajectory: Literal[True],
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[Float[Array, "seq query_dim"], Descent]: ...
+
+    def __call__(
+        self,
+        x: Float[ArrayLike, "seq query_dim"],
+        context: Float[ArrayLike, "mem context_dim"] | None = None,
+        *,
+        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        return_trajectory: bool = False,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "seq query_dim"] | tuple[Float[Array, "seq query_dim"], Descent]:
+        """**Arguments:**
+
+        - `x`: inputs of the queries, shape `(seq, query_dim)`.
+        - `context`: inputs of the keys, shape `(mem, context_dim)`; default `x`
+          (self-attention, keys held fixed during the descent).
+        - `mask`: optional boolean `(seq, mem)`, `True` where attending is allowed.
+        - `return_trajectory`: also return the per-head [`Descent`][energyattn.Descent].
+        - `key`: unused (no randomness); accepted for Equinox layer compatibility.
+
+        **Returns:**
+
+        The output, shape `(seq, query_dim)`; with `return_trajectory=True` also the descent,
+        whose leaves carry a leading `heads` axis: `energies` `(heads, num_steps + 1)` and
+        `trajectory` `(heads, num_steps + 1, seq, head_dim)` (queries in head space, before
+        the output projection).
+        """
+        del key
+        x, context, mask = prepare_inputs(x, context, mask, self.query_dim, self.context_dim)
+        queries = split_heads(project(self.query_proj, x), self.num_heads)
+        keys = split_heads(project(self.key_proj, context), self.num_heads)
+
+        def descend_head(
+            q: Float[Array, "seq head_dim"], k: Float[Array, "mem head_dim"]
+        ) -> Descent:
+            energy = HopfieldEnergy(k, beta=self.beta, mask=mask)
+            return descend(
+                energy,
+                q,
+                step_size=self.step_size,
+                num_steps=self.num_steps,
+                save_trajectory=return_trajectory,
+            )
+
+        result = jax.vmap(descend_head)(queries, keys)
+        out = project(self.output_proj, merge_heads(result.value))
+        return (out, result) if return_trajectory else out

@@ -1,0 +1,178 @@
+"""The `energyattn` command, its demo and the plots it writes (`energyattn.viz`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from energyattn import viz
+from energyattn._cli import main
+from energyattn._demo import run_demo
+
+matplotlib_image = pytest.importorskip("matplotlib.image")
+
+# Tiny settings: 10 digits (one per class), 2 probes each, a couple of steps.
+TINY = ["--patterns", "10", "--probes", "2", "--steps", "2", "--sweeps", "2"]
+MODELS = ("corrupted", "classical", "modern")
+
+
+def _check_outputs(out_dir, num_patterns=10):
+    for name in ("retrieval.png", "energies.png"):
+        image = matplotlib_image.imread(out_dir / name)
+        assert image.ndim == 3 and image.shape[2] in (3, 4)
+        assert 150 <= image.shape[0] <= 1500 and 300 <= image.shape[1] <= 2000, image.shape
+        assert image.std() > 0.05  # not blank
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    keys = ("num_patterns", "load", "corruption", "num_probes", "criterion", "results", "files")
+    assert set(keys) <= set(metrics)
+    assert metrics["num_patterns"] == num_patterns
+    for model in MODELS:
+        scores = metrics["results"][model]
+        for score in ("accuracy", "pixel_agreement", "on_stored_pattern"):
+            assert 0.0 <= scores[score] <= 1.0
+    assert len(metrics["results"]["classical"]["mean_energy"]) == metrics["num_sweeps"] + 1
+    assert len(metrics["results"]["modern"]["mean_energy"]) == metrics["num_steps"] + 1
+    return metrics
+
+
+def _check_printed(text):
+    assert "retrieval accuracy (classical):" in text
+    assert "retrieval accuracy (modern):" in text
+    assert "criterion:" in text and "pixel agreement" in text
+
+
+def test_demo_in_process(tmp_path, capsys):
+    out = tmp_path / "new" / "folder"  # created by the demo
+    assert main(["demo", "--out", str(out), *TINY, "--corruption", "0.1"]) == 0
+    printed = capsys.readouterr().out
+    _check_printed(printed)
+    metrics = _check_outputs(out)
+    assert metrics["corruption"] == 0.1 and metrics["flipped_pixels"] == 6
+    # Ten well-separated digits and 6 flipped pixels: the modern network retrieves them.
+    assert metrics["results"]["modern"]["accuracy"] >= 0.8
+    assert metrics["results"]["corrupted"]["accuracy"] == 0.0  # 90% < 95% agreement
+    assert f"{metrics['results']['modern']['accuracy']:.3f}" in printed
+
+
+def test_demo_as_module(tmp_path):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "energyattn", "demo", "--out", str(tmp_path), *TINY],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    _check_printed(done.stdout)
+    _check_outputs(tmp_path)
+
+
+def test_run_demo_returns_metrics(tmp_path):
+    lines = []
+    metrics = run_demo(
+        tmp_path,
+        num_patterns=3,
+        probes_per_pattern=1,
+        num_steps=1,
+        num_sweeps=1,
+        num_examples=2,
+        progress=lines.append,
+    )
+    assert lines and metrics["num_probes"] == 3
+    assert json.loads((tmp_path / "metrics.json").read_text())["results"] == metrics["results"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_patterns": 0}, "num_patterns"),
+        ({"num_patterns": 100_000}, "num_patterns"),
+        ({"corruption": 1.5}, "corruption"),
+        ({"beta": 0.0}, "beta"),
+        ({"num_steps": -1}, "num_steps"),
+    ],
+)
+def test_run_demo_bad_input(user_mode, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_demo(tmp_path, **kwargs)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "demo" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in (
+        "--out",
+        "--patterns",
+        "--corruption",
+        "--probes",
+        "--steps",
+        "--sweeps",
+        "--beta",
+        "--seed",
+    ):
+        assert option in text
+    assert "95%" in text  # the retrieval criterion is documented
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        ([], "required"),
+        (["fly"], "invalid choice"),
+        (["demo", "--patterns", "-3"], "--patterns: must be >= 1"),
+        (["demo", "--patterns", "ten"], "--patterns: expected an integer"),
+        (["demo", "--corruption", "1.5"], "--corruption: must be in"),
+        (["demo", "--beta", "0"], "--beta: must be > 0"),
+        (["demo", "--steps", "-1"], "--steps: must be >= 0"),
+        (["demo", "--patterns", "100000"], "num_patterns must be in"),
+    ],
+)
+def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
+    argv = [*argv, "--out", str(tmp_path)] if argv[:1] == ["demo"] else argv
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- viz
+
+
+def test_image_grid_and_plot_energies(tmp_path):
+    rows = {"a": np.zeros((3, 8, 8)), "b": np.random.default_rng(0).random((2, 5, 4))}
+    path = viz.image_grid(rows, tmp_path / "grid.png", title="grid")
+    assert path == tmp_path / "grid.png"
+    assert matplotlib_image.imread(path).ndim == 3
+    curves = {"one": np.linspace(1.0, 0.0, 5), "two": np.array([3.0, 1.0])}
+    for separate in (False, True):
+        path = tmp_path / f"energies-{separate}.png"
+        assert viz.plot_energies(curves, path, separate=separate, title="t") == path
+        image = matplotlib_image.imread(path)
+        assert image.shape[1] > image.shape[0]
+
+
+def test_viz_bad_input(tmp_path):
+    message = r"rows\['x'\] must have shape \(n, height, width\), got \(8, 8\)"
+    with pytest.raises(ValueError, match=message):
+        viz.image_grid({"x": np.zeros((8, 8))}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="non-empty dict"):
+        viz.image_grid({}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"curves\['c'\] must have shape \(steps\)"):
+        viz.plot_energies({"c": np.zeros((2, 3))}, tmp_path / "x.png")
+
+
+def test_viz_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ImportError, match=r"energyattn\[examples\]"):
+        viz.plot_energies({"c": np.zeros(3)}, tmp_path / "x.png")

@@ -1,0 +1,269 @@
+"""`ea.nn.SoftmaxAttention` and `ea.nn.HopfieldAttention`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+import pytest
+
+import energyattn as ea
+
+
+@eqx.filter_jit
+def run(layer, *args, **kwargs):
+    """Call a layer compiled: one XLA program per test instead of op-by-op dispatch."""
+    return layer(*args, **kwargs)
+
+
+def reference_attention(q, k, v, scale, mask=None):
+    """Hand-written NumPy multi-head attention on (heads, seq, head_dim) arrays."""
+    scores = scale * np.einsum("hsd,hmd->hsm", q, k)
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    return np.einsum("hsm,hmd->hsd", weights / weights.sum(axis=-1, keepdims=True), v)
+
+
+def heads(x, n):
+    return np.asarray(x).reshape(x.shape[0], n, -1).transpose(1, 0, 2)
+
+
+def merge(x):
+    return x.transpose(1, 0, 2).reshape(x.shape[1], -1)
+
+
+def keys_as_values(softmax_attn, hopfield_attn):
+    """The softmax layer with the Hopfield layer's weights and W_V := W_K."""
+    for name in ["query_proj", "key_proj", "output_proj"]:
+        softmax_attn = eqx.tree_at(
+            lambda m, name=name: getattr(m, name), softmax_attn, getattr(hopfield_attn, name)
+        )
+    return eqx.tree_at(lambda m: m.value_proj, softmax_attn, hopfield_attn.key_proj)
+
+
+@pytest.fixture
+def data(getkey):
+    x = jr.normal(getkey(), (5, 12))
+    context = jr.normal(getkey(), (7, 10))
+    mask = jr.bernoulli(getkey(), 0.6, (5, 7)).at[:, 2].set(True)
+    return x, context, mask
+
+
+def test_softmax_attention_matches_reference(data, getkey):
+    x, context, mask = data
+    attn = ea.nn.SoftmaxAttention(12, 10, num_heads=3, head_dim=4, key=getkey())
+    q = heads(jax.vmap(attn.query_proj)(x), 3)
+    k = heads(jax.vmap(attn.key_proj)(context), 3)
+    v = heads(jax.vmap(attn.value_proj)(context), 3)
+    for m in [None, mask]:
+        inner = merge(reference_attention(q, k, v, 4**-0.5, m))
+        expected = inner @ np.asarray(attn.output_proj.weight).T + np.asarray(attn.output_proj.bias)
+        np.testing.assert_allclose(run(attn, x, context, mask=m), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_heads", [1, 4])
+@pytest.mark.parametrize("cross", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_step_is_softmax_attention_with_keys_as_values(data, getkey, num_heads, cross, masked):
+    x, context, mask = data
+    context_dim = 10 if cross else 12
+    hop = ea.nn.HopfieldAttention(12, context_dim, num_heads=num_heads, head_dim=3, key=getkey())
+    soft = keys_as_values(
+        ea.nn.SoftmaxAttention(12, context_dim, num_heads=num_heads, head_dim=3, key=getkey()), hop
+    )
+    ctx = context if cross else None
+    m = (mask if cross else mask[:, :5]) if masked else None
+    np.testing.assert_allclose(run(hop, x, ctx, mask=m), run(soft, x, ctx, mask=m), atol=1e-12)
+
+
+def test_bare_layers_match_dot_product_attention(getkey):
+    """Bare multi-head energy attention = jax.nn.dot_product_attention with keys as values."""
+    x = jr.normal(getkey(), (6, 16))
+    context = jr.normal(getkey(), (9, 16))
+    mask = jr.bernoulli(getkey(), 0.7, (6, 9)).at[:, 0].set(True)
+    hop = ea.nn.HopfieldAttention(16, num_heads=4, bare=True, key=getkey())
+    soft = ea.nn.SoftmaxAttention(16, num_heads=4, bare=True, key=getkey())
+
+    def split(t):  # (seq, heads, head_dim)
+        return t.reshape(t.shape[0], 4, 4)
+
+    dpa = jax.nn.dot_product_attention(
+        split(x), split(context), split(context), mask=mask[None], scale=4**-0.5
+    ).reshape(6, 16)
+    # dot_product_attention takes its softmax in float32 whatever the input dtype.
+    out_h, out_s = run(hop, x, context, mask=mask), run(soft, x, context, mask=mask)
+    np.testing.assert_allclose(out_h, dpa, atol=1e-6)
+    np.testing.assert_allclose(out_s, dpa, atol=1e-6)
+    np.testing.assert_allclose(out_h, out_s, atol=1e-12)
+
+
+def test_fully_masked_query_outputs_zero_in_both_layers(data, getkey):
+    x, context, mask = data
+    mask = mask.at[2].set(False)
+    hop = ea.nn.HopfieldAttention(12, 10, num_heads=2, bare=False, key=getkey())
+    soft = keys_as_values(ea.nn.SoftmaxAttention(12, 10, num_heads=2, key=getkey()), hop)
+    out_h, out_s = run(hop, x, context, mask=mask), run(soft, x, context, mask=mask)
+    assert np.all(np.isfinite(out_h)) and np.all(np.isfinite(out_s))
+    np.testing.assert_allclose(out_h, out_s, atol=1e-12)
+    np.testing.assert_allclose(
+        out_h[2], hop.output_proj.bias, atol=1e-14
+    )  # zero attention, bias only
+
+
+def test_trajectory_and_monotone_energy(data, getkey):
+    x, context, _ = data
+    hop = ea.nn.HopfieldAttention(
+        12, 10, num_heads=2, head_dim=6, step_size=0.2, num_steps=15, key=getkey()
+    )
+    out, descent = run(hop, x, context, return_trajectory=True)
+    assert descent.energies.shape == (2, 16)
+    assert descent.trajectory.shape == (2, 16, 5, 6)
+    np.testing.assert_allclose(
+        descent.trajectory[:, 0], heads(jax.vmap(hop.query_proj)(x), 2), atol=1e-14
+    )
+    np.testing.assert_allclose(out, run(hop, x, context), atol=1e-14)
+    assert np.all(np.diff(descent.energies, axis=1) <= 1e-12)
+
+
+def test_jit_vmap_and_no_retracing(data, getkey):
+    x, context, mask = data
+    hop = ea.nn.HopfieldAttention(12, 10, num_heads=2, num_steps=2, step_size=0.5, key=getkey())
+    traces = 0
+
+    @eqx.filter_jit
+    def batched(model, xs, context, mask):
+        nonlocal traces
+        traces += 1
+        return jax.vmap(lambda xi: model(xi, context, mask=mask))(xs)
+
+    xs = jr.normal(getkey(), (3, 5, 12))
+    out = batched(hop, xs, context, mask)
+    np.testing.assert_allclose(out[1], run(hop, xs[1], context, mask=mask), atol=1e-13)
+    # New values of the same shapes, and a model whose weights an optimiser changed, reuse
+    # the compiled trace.
+    batched(hop, xs + 1.0, context, mask)
+    updated = eqx.apply_updates(
+        hop, jax.tree.map(lambda p: 0.1 * p, eqx.filter(hop, eqx.is_inexact_array))
+    )
+    batched(updated, xs, context, mask)
+    assert traces == 1
+
+
+@pytest.mark.parametrize("layer", ["hopfield", "softmax"])
+def test_gradients_and_grad_of_grad(data, getkey, layer):
+    """First and second derivatives through the layer (training through an update).
+
+    Both are checked against central finite differences.
+    """
+    x, context, mask = data
+    if layer == "hopfield":
+        model = ea.nn.HopfieldAttention(
+            12, 10, num_heads=2, num_steps=3, step_size=0.5, key=getkey()
+        )
+    else:
+        model = ea.nn.SoftmaxAttention(12, 10, num_heads=2, key=getkey())
+    direction = jr.normal(getkey(), model.query_proj.weight.shape)
+
+    def loss(t):
+        """A scalar path through parameter space: W_Q + t D."""
+        m = eqx.tree_at(
+            lambda m: m.query_proj.weight, model, model.query_proj.weight + t * direction
+        )
+        return jnp.sum(jnp.tanh(m(x, context, mask=mask)))
+
+    eps = 1e-5
+    value, first, second = jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(jax.grad(jax.grad(loss)))
+    np.testing.assert_allclose(first(0.0), (value(eps) - value(-eps)) / (2 * eps), rtol=1e-7)
+    np.testing.assert_allclose(second(0.0), (first(eps) - first(-eps)) / (2 * eps), rtol=1e-6)
+    # Gradient with respect to the inputs too.
+    gx = jax.jit(jax.grad(lambda x: jnp.sum(jnp.tanh(model(x, context, mask=mask)))))(x)
+    assert gx.shape == x.shape and np.all(np.isfinite(gx))
+
+
+def test_training_step_with_optax(data, getkey):
+    """A few AdamW steps on a regression target decrease the loss (jit, vmap over a batch)."""
+    x, context, _ = data
+    model = ea.nn.HopfieldAttention(12, 10, num_heads=2, num_steps=2, step_size=0.5, key=getkey())
+    xs = jr.normal(getkey(), (8, 5, 12))
+    targets = jnp.tanh(xs[..., ::-1])
+    optim = optax.adamw(1e-2)
+    state = optim.init(eqx.filter(model, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def loss(model):
+        return jnp.mean((jax.vmap(lambda xi: model(xi, context))(xs) - targets) ** 2)
+
+    @eqx.filter_jit
+    def step(model, state):
+        value, grads = eqx.filter_value_and_grad(loss)(model)
+        updates, state = optim.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return eqx.apply_updates(model, updates), state, value
+
+    start = loss(model)
+    for _ in range(30):
+        model, state, _ = step(model, state)
+    assert loss(model) < 0.8 * start
+
+
+def test_parameter_dtype(getkey):
+    hop = ea.nn.HopfieldAttention(8, num_heads=2, dtype=jnp.float32, key=getkey())
+    soft = ea.nn.SoftmaxAttention(8, num_heads=2, dtype=jnp.float32, key=getkey())
+    for layer in (hop, soft):
+        assert {p.dtype for p in jax.tree.leaves(eqx.filter(layer, eqx.is_array))} == {
+            jnp.dtype("float32")
+        }
+        assert run(layer, jnp.ones((3, 8), jnp.float32)).dtype == jnp.float32
+
+
+def test_nan_input_is_reported(getkey):
+    hop = ea.nn.HopfieldAttention(4, key=getkey())
+    soft = ea.nn.SoftmaxAttention(4, key=getkey())
+    x = jnp.ones((2, 4)).at[0, 1].set(jnp.nan)
+    for layer in (hop, soft):
+        with pytest.raises(eqx.EquinoxRuntimeError, match="x contains NaN or inf"):
+            eqx.filter_jit(layer)(x)
+        with pytest.raises(eqx.EquinoxRuntimeError, match="context contains NaN or inf"):
+            eqx.filter_jit(layer)(jnp.ones((2, 4)), x)
+
+
+@pytest.mark.parametrize("cls", [ea.nn.HopfieldAttention, ea.nn.SoftmaxAttention])
+def test_bad_input(cls, getkey, user_mode):
+    key = getkey()
+    layer = cls(12, 10, num_heads=3, key=key)
+    x, context = jnp.ones((5, 12)), jnp.ones((7, 10))
+    with pytest.raises(ValueError, match=r"x must have shape \(seq, dim=12\), got \(5, 8\)"):
+        layer(jnp.ones((5, 8)), context)
+    with pytest.raises(ValueError, match=r"x must have shape \(seq, dim=12\), got \(12,\)"):
+        layer(jnp.ones(12), context)
+    with pytest.raises(ValueError, match=r"context must have shape \(mem, dim=10\), got \(7, 12\)"):
+        layer(x, jnp.ones((7, 12)))
+    with pytest.raises(ValueError, match=r"mask must have shape \(seq=5, mem=7\), got \(7, 5\)"):
+        layer(x, context, mask=jnp.ones((7, 5), bool))
+    with pytest.raises(ValueError, match="self-attention.*context_dim == query_dim"):
+        layer(x)
+    with pytest.raises(ValueError, match="query_dim=10 does not split into num_heads=3"):
+        cls(10, num_heads=3, key=key)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got 2.5"):
+        cls(10, num_heads=2.5, key=key)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got 0"):
+        cls(10, num_heads=0, key=key)
+    with pytest.raises(ValueError, match="bare attention.*context_dim must equal query_dim"):
+        cls(12, 10, bare=True, key=key)
+    with pytest.raises(ValueError, match="bare attention splits query_dim=10 into num_heads=4"):
+        cls(10, num_heads=4, bare=True, key=key)
+
+
+def test_hopfield_hyperparameters_are_checked(getkey, user_mode):
+    key = getkey()
+    for beta in [0.0, -2.0]:
+        with pytest.raises(ValueError, match=f"beta must be > 0, got {beta}"):
+            ea.nn.HopfieldAttention(8, beta=beta, key=key)
+    with pytest.raises(ValueError, match="step_size must be > 0, got 0.0"):
+        ea.nn.HopfieldAttention(8, step_size=0.0, key=key)
+    with pytest.raises(ValueError, match="num_steps must be a non-negative integer, got -1"):
+        ea.nn.HopfieldAttention(8, num_steps=-1, key=key)
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        ea.nn.SoftmaxAttention(8, scale=-1.0, key=key)
