@@ -26,6 +26,18 @@ def _figure(**kwargs: Any) -> Any:
     return figure
 
 
+def _save(
+    figure: Any, path: str | os.PathLike, title: str | None, *, fontsize: int
+) -> pathlib.Path:
+    """Title, lay out and write a figure as PNG; return the path."""
+    if title:
+        figure.suptitle(title, fontsize=fontsize)
+    figure.tight_layout()
+    path = pathlib.Path(path)
+    figure.savefig(path, dpi=100)
+    return path
+
+
 def _check_named_arrays(what: str, arrays: Any, ndim: int, dims: str) -> dict[str, np.ndarray]:
     if not isinstance(arrays, dict) or not arrays:
         raise ValueError(f"{what} must be a non-empty dict of name -> array")
@@ -85,12 +97,7 @@ def image_grid(
             else:
                 ax.axis("off")
         axes[r, 0].set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
-    if title:
-        figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path = pathlib.Path(path)
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, path, title, fontsize=10)
 
 
 def plot_energies(
@@ -135,9 +142,4 @@ def plot_energies(
         ax.grid(alpha=0.3)
     if not separate:
         axes[0].legend(fontsize=9)
-    if title:
-        figure.suptitle(title, fontsize=11)
-    figure.tight_layout()
-    path = pathlib.Path(path)
-    figure.savefig(path, dpi=100)
-    return path
+    return _save(figure, path, title, fontsize=11)

@@ -24,6 +24,7 @@ def _multiset(digits):
 
 def test_load_digits_all():
     digits = ea.data.load_digits()
+    assert isinstance(digits, ea.data.Digits)
     images, labels = digits  # a named tuple unpacks
     assert isinstance(images, np.ndarray) and isinstance(labels, np.ndarray)
     assert images.shape == (1797, 8, 8) and labels.shape == (1797,)

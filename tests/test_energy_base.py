@@ -170,3 +170,45 @@ def test_generated_names_avoid_user_names(parts):
         "block/HopfieldEnergy_2",
         "other",
     ]
+
+
+@pytest.mark.parametrize("kind", ["sum", "scaled", "mixture", "difference-of-copies"])
+def test_descent_on_composed_energies_never_increases(parts, kind):
+    """Small steps never raise a composed energy: composition keeps energies energies."""
+    memory, x, lse, quad = parts
+    other = ea.HopfieldEnergy(-memory[:4], beta=2.0)
+    energy = {
+        "sum": lse + 0.2 * quad + other,
+        "scaled": 3.0 * (lse + other),
+        "mixture": ea.MixtureEnergy(
+            [lse, other, 0.5 * quad], log_weights=jnp.array([0.0, -1.0, 0.3])
+        ),
+        # E - c E' is still an energy (here bounded below: the quartic dominates).
+        "difference-of-copies": quad + lse - 0.5 * other,
+    }[kind]
+    run = eqx.filter_jit(lambda e, x: ea.descend(e, x, step_size=1e-2, num_steps=60).energies)
+    energies = run(energy, x)
+    assert np.all(np.diff(energies) <= 1e-12 * np.abs(energies).max())
+    assert energies[-1] < energies[0]
+
+
+class HarmonicWell(ea.AbstractEnergy):
+    """A user's own energy: E(x) = ½ k |x - c|²."""
+
+    centre: jax.Array
+    stiffness: jax.Array
+
+    def __call__(self, x, args=None):
+        return 0.5 * self.stiffness * jnp.sum((x - self.centre) ** 2)
+
+
+def test_user_defined_energy_composes_descends_and_trains(parts, getkey):
+    memory, x, lse, quad = parts
+    well = HarmonicWell(centre=jr.normal(getkey(), (3, 4)), stiffness=jnp.array(2.0))
+    energy = lse + well
+    assert list(ea.energy_tree(energy, x)) == ["HopfieldEnergy", "HarmonicWell"]
+    # Descent on the well alone converges to its centre (contraction factor 1 - αk = 0.8).
+    out = ea.descend(well, x, step_size=0.1, num_steps=200).value
+    np.testing.assert_allclose(out, well.centre, atol=1e-12)
+    grads = eqx.filter_grad(lambda e: e(x))(energy)
+    np.testing.assert_allclose(grads.terms[1].stiffness, well(x) / 2.0, rtol=1e-13)

@@ -128,9 +128,13 @@ def test_trajectory_and_monotone_energy(data, getkey):
     assert np.all(np.diff(descent.energies, axis=1) <= 1e-12)
 
 
-def test_jit_vmap_and_no_retracing(data, getkey):
+@pytest.mark.parametrize("cls", [ea.nn.HopfieldAttention, ea.nn.SoftmaxAttention])
+def test_jit_vmap_and_no_retracing(data, getkey, cls):
     x, context, mask = data
-    hop = ea.nn.HopfieldAttention(12, 10, num_heads=2, num_steps=2, step_size=0.5, key=getkey())
+    if cls is ea.nn.HopfieldAttention:
+        hop = cls(12, 10, num_heads=2, num_steps=2, step_size=0.5, key=getkey())
+    else:
+        hop = cls(12, 10, num_heads=2, key=getkey())
     traces = 0
 
     @eqx.filter_jit

@@ -493,3 +493,28 @@ def test_prior_parameters_are_validated_per_unit_and_when_traced(user_mode):
     assert np.isfinite(energy(jnp.array(0.3)))
     with pytest.raises(eqx.EquinoxRuntimeError, match=r"probability must be in \(0, 1\)"):
         energy(jnp.array(1.5))
+
+
+class RademacherPrior(ea.AbstractHiddenPrior):
+    """A user's own prior: h = ±1 with probability ½ each, K(t) = log cosh t."""
+
+    def cumulant_generating_function(self, t):
+        return jnp.logaddexp(t, -t) - jnp.log(2.0)
+
+    def log_prob(self, h):
+        return jnp.where(jnp.abs(h) == 1, -jnp.log(2.0), -jnp.inf)
+
+
+def test_user_defined_prior_marginalises_exactly(getkey):
+    """A prior written by a user plugs into the effective energy; checked by exact enumeration."""
+    prior = RademacherPrior()
+    weights = _weights(getkey)
+    h_points = _binary_states(HIDDEN, values=(-1.0, 1.0))
+    for visible, vs in _visible_cases(getkey):
+        expected = _marginal_energies(vs, weights, visible, prior, h_points, 0.0)
+        got = _effective_energies(vs, weights, visible, prior)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=EXACT)
+    # Its cumulants: kappa_1 = 0, kappa_2 = 1, kappa_4 = -2 (those of log cosh).
+    np.testing.assert_allclose(
+        [ea.cumulant(prior, n) for n in (1, 2, 3, 4)], [0.0, 1.0, 0.0, -2.0], atol=EXACT
+    )

@@ -29,6 +29,22 @@ class Descent(eqx.Module):
     trajectory: State | None
 
 
+def collect_history(
+    history: Any, final_state: State, final_energy: Scalar, save_trajectory: bool
+) -> tuple[Float[Array, " steps"], State | None]:
+    """Energies (and states) of a scan's steps, with the final ones appended.
+
+    `history` is what the scan emitted per step: the energies, or `(energies, states)`.
+    """
+    if save_trajectory:
+        step_energies, states = history
+        trajectory = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, final_state)
+    else:
+        step_energies, trajectory = history, None
+    energies = jnp.concatenate([step_energies.astype(final_energy.dtype), final_energy[None]])
+    return energies, trajectory
+
+
 def check_state(x0: Any, name: str = "x0") -> State:
     x0 = jax.tree.map(jnp.asarray, x0)
     leaves = jax.tree.leaves(x0)
@@ -130,13 +146,9 @@ def descend(
         return x_next, ((value, x) if save_trajectory else value)
 
     x_final, history = jax.lax.scan(step, x0, None, length=num_steps)
-    final_energy = energy(to_g(x_final), args)
-    if save_trajectory:
-        step_energies, states = history
-        trajectory = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, x_final)
-    else:
-        step_energies, trajectory = history, None
-    energies = jnp.concatenate([step_energies.astype(final_energy.dtype), final_energy[None]])
+    energies, trajectory = collect_history(
+        history, x_final, energy(to_g(x_final), args), save_trajectory
+    )
     if throw:
         x_final, energies, trajectory = eqx.error_if(
             (x_final, energies, trajectory),

@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_shape, concrete_value, positive_int
 from .._custom_types import Scalar
-from ._descend import Descent, check_energy_output
+from ._descend import Descent, check_energy_output, collect_history
 
 
 def _flip_choice(energy: Callable, s: Array, i: Array, args: Any) -> Array:
@@ -105,11 +105,5 @@ def sign_descend(
 
     sweep_keys = None if key is None else jr.split(key, num_sweeps)
     s_final, history = jax.lax.scan(sweep, s0, sweep_keys, length=num_sweeps)
-    final_energy = energy(s_final, args)
-    if save_trajectory:
-        step_energies, states = history
-        trajectory = jnp.concatenate([states, s_final[None]])
-    else:
-        step_energies, trajectory = history, None
-    energies = jnp.concatenate([step_energies, final_energy[None]])
+    energies, trajectory = collect_history(history, s_final, energy(s_final, args), save_trajectory)
     return Descent(value=s_final, energies=energies, trajectory=trajectory)

@@ -7,13 +7,12 @@ which entries are corrupted depends on the key.
 
 from typing import Any
 
-import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, Shaped
 
-from .._checks import concrete_value
+from .._checks import check_values, concrete_value
 
 
 def _is_real_scalar(value: np.ndarray) -> bool:
@@ -131,15 +130,8 @@ def add_gaussian_noise(
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
-    concrete = concrete_value(variance)
-    if concrete is not None:
-        if not _is_real_scalar(concrete):
-            raise ValueError(f"variance must be a real scalar, got {variance!r}")
-        if not concrete >= 0:  # also rejects NaN
-            raise ValueError(f"variance must be >= 0, got {float(concrete)}")
-    variance = jnp.asarray(variance)
-    if variance.ndim != 0:
-        raise ValueError(f"variance must be a scalar, got shape {variance.shape}")
-    variance = eqx.error_if(variance, ~(variance >= 0), "variance must be >= 0")
+    if np.ndim(variance) != 0:
+        raise ValueError(f"variance must be a real scalar, got shape {np.shape(variance)}")
+    variance = check_values("variance", variance, lambda v: v >= 0, ">= 0")
     noise = jr.normal(key, x.shape, dtype=x.dtype)
     return x + jnp.sqrt(variance).astype(x.dtype) * noise
