@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, jax.random as jr, numpy as np
     import energyattn as ea
 
-    assert not jax.config.jax_enable_x64
+    assert jnp.zeros(()).dtype == jnp.float32  # the default config: no x64
     k = iter(jr.split(jr.key(0), 16))
 
     # The seed's check: 8 state patterns, 32 stored patterns, d = 512, beta = 1/sqrt(d).
