@@ -205,10 +205,8 @@ def run_demo(
     # One column per stored digit (the first ones cover every class), its first probe.
     shown = np.arange(min(num_examples, num_patterns)) * probes_per_pattern
     as_images = lambda states: np.asarray(states)[shown].reshape(-1, 8, 8)  # noqa: E731
-    from . import viz
-
     files = {
-        "retrieval": viz.image_grid(
+        "retrieval": ea.viz.image_grid(
             {
                 "stored": as_images(patterns_np[targets]),
                 f"corrupted\n({corruption:.0%} flipped)": as_images(probes),
@@ -220,7 +218,7 @@ def run_demo(
             vmin=-1.0,
             vmax=1.0,
         ),
-        "energies": viz.plot_energies(
+        "energies": ea.viz.plot_energies(
             {
                 f"classical: energy per sweep ({num_probes} probes)": classical_energy,
                 f"modern: energy per step (beta = {beta:g})": modern_energy,

@@ -91,8 +91,6 @@ def _is_scalar_like(x: Any) -> bool:
 def _default_name(energy: Callable) -> str:
     if isinstance(energy, FunctionEnergy):
         return energy.name
-    if isinstance(energy, ScaledEnergy):
-        return _default_name(energy.energy)
     return type(energy).__name__
 
 

@@ -15,27 +15,22 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, Shaped
 from .._checks import check_values, concrete_value
 
 
-def _is_real_scalar(value: np.ndarray) -> bool:
-    return value.ndim == 0 and np.issubdtype(value.dtype, np.number) and not np.iscomplexobj(value)
-
-
 def _num_corrupted(fraction: Any, size: int) -> int:
     """`round(fraction * size)` for a concrete `fraction` in [0, 1], else a `ValueError`."""
     if isinstance(fraction, bool):
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
-    value = concrete_value(fraction)
-    if value is None:
+    if concrete_value(fraction) is None:
         raise ValueError(
             "fraction must be a concrete Python number (it fixes how many entries are "
             "corrupted, a static shape); got a traced value: close over it instead of "
             "passing it through jit/vmap"
         )
-    if not _is_real_scalar(value):
-        raise ValueError(f"fraction must be a real number in [0, 1], got {fraction!r}")
-    value = float(value)
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"fraction must be in [0, 1], got {value}")
-    return round(value * size)
+    if np.ndim(fraction) != 0:
+        raise ValueError(f"fraction must be a number in [0, 1], got shape {np.shape(fraction)}")
+    check_values("fraction", fraction, lambda f: (f >= 0) & (f <= 1), "in [0, 1]")
+    # The count is static: take it from the concrete value (under jit, jnp.asarray of a
+    # Python float is staged as a tracer).
+    return round(float(concrete_value(fraction)) * size)
 
 
 def _corruption_mask(
