@@ -6,7 +6,7 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 
 import importlib.metadata
 
-from . import data as data, nn as nn, viz as viz
+from . import data as data, models as models, nn as nn, viz as viz
 from ._energy import (
     AbstractEnergy as AbstractEnergy,
     AbstractHiddenPrior as AbstractHiddenPrior,
@@ -26,16 +26,28 @@ from ._energy import (
     RBMEffectiveEnergy as RBMEffectiveEnergy,
     ScaledEnergy as ScaledEnergy,
     SumEnergy as SumEnergy,
+    TransformerAttentionEnergy as TransformerAttentionEnergy,
+    TransformerMemoryEnergy as TransformerMemoryEnergy,
     classical_hopfield_energy as classical_hopfield_energy,
     cumulant as cumulant,
     dense_hopfield_energy as dense_hopfield_energy,
     energy_tree as energy_tree,
     hebbian_weights as hebbian_weights,
     hopfield_energy as hopfield_energy,
+    layer_norm_lagrangian as layer_norm_lagrangian,
+    legendre_energy as legendre_energy,
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
+    transformer_attention_energy as transformer_attention_energy,
+    transformer_memory_energy as transformer_memory_energy,
 )
-from ._solver import Descent as Descent, descend as descend, sign_descend as sign_descend
+from ._solver import (
+    RESULTS as RESULTS,
+    Descent as Descent,
+    Solution as Solution,
+    descend as descend,
+    sign_descend as sign_descend,
+)
 
 try:
     __version__ = importlib.metadata.version("energyattn")

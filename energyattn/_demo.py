@@ -1,13 +1,10 @@
-r"""The `energyattn demo`: classical vs modern Hopfield retrieval of shipped digits.
+r"""The `energyattn demo`: an Energy Transformer learns to inpaint masked patches of digits.
 
-Both networks store the same binarised digits $x_\mu \in \{-1,+1\}^{64}$ and are probed with
-the same corrupted copies:
-
-- classical: $E(\xi) = -\frac12 \xi^\top W \xi$ with Hebbian $W = \sum_\mu x_\mu x_\mu^\top$
-  (zero diagonal), asynchronous sign updates; it stores about $0.14\,d$ random patterns and
-  fewer correlated ones;
-- modern: $E(\xi) = \frac12\lVert\xi\rVert^2 - \beta^{-1}\log\sum_\mu e^{\beta x_\mu\cdot\xi}$,
-  whose gradient step of size 1 is $\xi \leftarrow X^\top \mathrm{softmax}(\beta X \xi)$.
+A small [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer] is trained on
+scikit-learn's shipped 8x8 digits (fixed train/test split) for a bounded time; a quarter of
+each image's 2x2 patches are hidden and the model fills them in by descending its energy for
+$T = 12$ steps. On held-out digits its masked-patch MSE is compared with the mean-patch
+baseline (each masked patch predicted by the mean training patch at that position).
 """
 
 import json
@@ -16,235 +13,172 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
-from jaxtyping import ArrayLike, Float, Int
 
 import energyattn as ea
-
-#: A probe counts as retrieved when its sign pattern matches the original on this fraction.
-MATCH_THRESHOLD = 0.95
-
-CRITERION = (
-    "a probe is retrieved when the final state's largest overlap is with its original stored "
-    f"digit AND its signs match that digit on >= {MATCH_THRESHOLD:.0%} of the pixels"
-)
-
-
-def stored_digits(num_patterns: int) -> tuple[Float[np.ndarray, "mem 64"], Int[np.ndarray, " mem"]]:
-    r"""The first `num_patterns` digits, taken class by class in turn, binarised to ±1.
-
-    Pattern $\mu$ is the $(\mu \,\mathrm{div}\, 10)$-th example of class $\mu \bmod 10$
-    in scikit-learn's order, so any prefix of the stored set is balanced over the classes.
-    Pixels above one half become $+1$, the rest $-1$.
-
-    **Returns:**
-
-    `(patterns, labels)`: ±1 patterns of shape `(num_patterns, 64)` and their classes.
-    """
-    images, labels = ea.data.load_digits()
-    by_class = [np.flatnonzero(labels == c) for c in range(10)]
-    most = 10 * min(len(indices) for indices in by_class)
-    if not 1 <= num_patterns <= most:
-        raise ValueError(f"num_patterns must be in [1, {most}], got {num_patterns}")
-    chosen = np.array([by_class[mu % 10][mu // 10] for mu in range(num_patterns)])
-    patterns = np.where(images[chosen].reshape(num_patterns, -1) > 0.5, 1.0, -1.0)
-    return patterns, labels[chosen]
-
-
-def retrieval_scores(
-    retrieved: Float[ArrayLike, "probes dim"],
-    patterns: Float[ArrayLike, "mem dim"],
-    targets: Int[ArrayLike, " probes"],
-) -> dict[str, float]:
-    r"""Accuracy, mean pixel agreement and how often any stored pattern was reached.
-
-    - `accuracy`: the fraction of probes whose final state $\xi$ has its largest overlap
-      $x_\mu\cdot\xi$ with the original pattern AND whose signs $\mathrm{sgn}(\xi)$ match it
-      on at least `MATCH_THRESHOLD` of the pixels;
-    - `pixel_agreement`: the mean fraction of pixels where $\mathrm{sgn}(\xi)$ equals the
-      original;
-    - `on_stored_pattern`: the fraction of final states matching *some* stored pattern (right
-      or wrong) on at least `MATCH_THRESHOLD` of the pixels; the rest are spurious states.
-    """
-    retrieved, patterns, targets = np.asarray(retrieved), np.asarray(patterns), np.asarray(targets)
-    signs = np.sign(retrieved)
-    nearest = np.argmax(retrieved @ patterns.T, axis=1)
-    agreement = np.mean(signs == patterns[targets], axis=1)
-    best_any = np.max(np.mean(signs[:, None, :] == patterns[None, :, :], axis=2), axis=1)
-    return {
-        "accuracy": float(np.mean((nearest == targets) & (agreement >= MATCH_THRESHOLD))),
-        "pixel_agreement": float(np.mean(agreement)),
-        "on_stored_pattern": float(np.mean(best_any >= MATCH_THRESHOLD)),
-    }
 
 
 def run_demo(
     out_dir: str | pathlib.Path = "energyattn-demo",
     *,
-    num_patterns: int = 30,
-    corruption: float = 0.2,
-    probes_per_pattern: int = 10,
-    num_steps: int = 3,
-    num_sweeps: int = 5,
-    beta: float = 0.5,
+    train_steps: int = 2000,
+    time_limit: float | None = 160.0,
+    masked_fraction: float = 0.25,
+    batch_size: int = 64,
+    learning_rate: float = 3e-3,
     seed: int = 0,
     num_examples: int = 10,
     progress: Callable[[str], Any] | None = None,
+    progress_bar: bool = True,
 ) -> dict[str, Any]:
-    r"""Store digits in a classical and a modern Hopfield network, corrupt them, retrieve.
-
-    The stored set is `num_patterns` shipped 8x8 digits (see `stored_digits`), binarised to
-    $\pm1$. Each is corrupted `probes_per_pattern` times by flipping the signs of
-    `round(corruption * 64)` random pixels; both networks get the same probes:
-
-    - classical: `ea.sign_descend(ea.ClassicalHopfieldEnergy(ea.hebbian_weights(P)), probe,
-      num_sweeps=num_sweeps, key=...)` (asynchronous, random unit order per sweep);
-    - modern: `ea.descend(ea.HopfieldEnergy(P, beta=beta), probe[None], step_size=1.0,
-      num_steps=num_steps)`, i.e. $\xi \leftarrow P^\top\mathrm{softmax}(\beta P\xi)$ per step.
-
-    A probe is *retrieved* when the final state's largest overlap is with its original
-    pattern and its signs match the original on at least 95% of the pixels.
-
-    With the defaults (load $N/d \approx 0.47$, 13 of 64 pixels flipped) the classical network
-    ends every probe in a spurious state (binarised digits share most background pixels, so
-    even a few of them exceed its capacity), while the modern one retrieves about nine probes
-    in ten; its misses end near another stored digit. Below $\beta \approx 0.1$ the modern
-    network's fixed points become averages of many digits and it stops retrieving.
-
-    Writes into `out_dir` (created if needed): `retrieval.png` (rows stored, corrupted,
-    classical, modern), `energies.png` (mean energy per sweep / step) and `metrics.json`.
+    r"""Train an image Energy Transformer on shipped digits, evaluate inpainting, draw it.
 
     **Arguments:**
 
-    - `out_dir`: the output folder.
-    - `num_patterns`: number of stored digits $N$ (the load is $N/64$).
-    - `corruption`: fraction of pixels flipped in each probe, in $[0, 1]$.
-    - `probes_per_pattern`: corrupted probes per stored digit.
-    - `num_steps`: gradient steps of the modern network.
-    - `num_sweeps`: asynchronous sweeps of the classical network.
-    - `beta`: inverse temperature $\beta > 0$ of the modern network.
-    - `seed`: seed of the corruptions and of the sweep orders.
-    - `num_examples`: columns of `retrieval.png`.
+    - `out_dir`: output folder (created if needed); receives `inpainting.png` (rows original,
+      masked, reconstructed), `energies.png` (energy against descent step on test digits),
+      `model.npz` (the trained weights, for
+      [`load_image_et`][energyattn.models.load_image_et] with `image_shape=(1, 8, 8)`,
+      `patch_size=2`, `include_self=False`) and `metrics.json`.
+    - `train_steps`: optimisation steps of the learning-rate schedule.
+    - `time_limit`: wall-clock budget of the training in seconds (compilation included), or
+      `None`; training stops early when it is spent.
+    - `masked_fraction`: fraction of the 16 patches hidden per image (rounded).
+    - `batch_size`, `learning_rate`: optimisation settings.
+    - `seed`: seed of the initial weights, batches and masks.
+    - `num_examples`: columns of `inpainting.png`.
     - `progress`: optional callback receiving one line of text per stage.
+    - `progress_bar`: show a training progress bar (tqdm).
 
     **Returns:**
 
-    The metrics written to `metrics.json`: the settings, and for `"corrupted"` (the probes
-    themselves), `"classical"` and `"modern"` the `accuracy`, `pixel_agreement` and
-    `on_stored_pattern` scores (see `retrieval_scores`); the two networks also carry
-    `mean_energy`, the mean energy over probes before each sweep/step and after the last.
+    The metrics written to `metrics.json`: settings, training steps done and seconds, and
+    test `mse`, `baseline_mse` and their `ratio`.
     """
-    for name, value, low in [
-        ("num_patterns", num_patterns, 1),
-        ("probes_per_pattern", probes_per_pattern, 1),
-        ("num_steps", num_steps, 0),
-        ("num_sweeps", num_sweeps, 0),
-        ("num_examples", num_examples, 1),
-    ]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    if not beta > 0:
-        raise ValueError(f"beta must be > 0, got {beta!r}")
-    if not 0.0 <= corruption <= 1.0:
-        raise ValueError(f"corruption must be in [0, 1], got {corruption!r}")
+    if not 0.0 < masked_fraction < 1.0:
+        raise ValueError(f"masked_fraction must be in (0, 1), got {masked_fraction!r}")
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+        raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     say = progress if progress is not None else (lambda line: None)
     start = time.perf_counter()
-
-    patterns_np, labels = stored_digits(num_patterns)
-    patterns = jnp.asarray(patterns_np)
-    dim = patterns.shape[1]
-    say(
-        f"storing {num_patterns} binarised digits of {dim} pixels: load N/d = "
-        f"{num_patterns / dim:.2f} (classical capacity ~0.14 d = {0.14 * dim:.0f} random patterns)"
-    )
-
-    targets = np.repeat(np.arange(num_patterns), probes_per_pattern)
-    num_probes = targets.shape[0]
-    classical = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(patterns))
-    modern = ea.HopfieldEnergy(patterns, beta=beta)
-
-    # One compiled program for all probes: corrupt, then run both networks (vmap over probes).
-    @jax.jit
-    def corrupt_and_retrieve(key):
-        corrupt_key, sweep_key = jr.split(key)
-        probes = jax.vmap(lambda x, k: ea.data.flip_signs(x, corruption, key=k))(
-            patterns[targets], jr.split(corrupt_key, num_probes)
+    train = ea.data.load_digits("train")
+    test = ea.data.load_digits("test")
+    train_images = jnp.asarray(train.images[:, None], jnp.float32)
+    test_images = jnp.asarray(test.images[:, None], jnp.float32)
+    init_key, train_key, eval_key = jr.split(jr.key(seed), 3)
+    model = ea.models.ImageEnergyTransformer((1, 8, 8), 2, dtype=jnp.float32, key=init_key)
+    num_masked = round(masked_fraction * model.num_patches)
+    if not 1 <= num_masked < model.num_patches:
+        raise ValueError(
+            f"masked_fraction={masked_fraction} hides {num_masked} of {model.num_patches} patches; "
+            "hide at least one and leave at least one visible"
         )
-        classical_out = jax.vmap(
-            lambda s, k: ea.sign_descend(classical, s, num_sweeps=num_sweeps, key=k)
-        )(probes, jr.split(sweep_key, num_probes))
-        modern_out = jax.vmap(
-            lambda q: ea.descend(modern, q[None], step_size=1.0, num_steps=num_steps)
-        )(probes)
-        return probes, classical_out, modern_out
-
+    et = model.transformer
     say(
-        f"corrupting {num_probes} probes ({round(corruption * dim)} of {dim} pixels flipped in "
-        f"each); retrieving with {num_sweeps} asynchronous sweeps (classical) and {num_steps} "
-        f"steps xi <- X^T softmax(beta X xi), beta = {beta:g} (modern)"
+        f"{train_images.shape[0]} training and {test_images.shape[0]} test digits; "
+        f"{model.num_patches} patches of 2x2 pixels, {num_masked} hidden per image"
     )
-    probes, classical_out, modern_out = corrupt_and_retrieve(jr.key(seed))
-    modern_final = modern_out.value[:, 0]
-    say(f"retrieved in {time.perf_counter() - start:.1f} s (including compilation)")
+    say(
+        f"Energy Transformer: dim {et.dim}, {et.w_query.shape[0]} heads of {et.w_query.shape[1]}, "
+        f"{et.memories.shape[0]} memories; {et.num_steps} descent steps of size {et.step_size:g}"
+    )
+    budget = "" if time_limit is None else f" (at most {time_limit:g} s)"
+    say(f"training for {train_steps} steps{budget}, batch {batch_size}, AdamW lr {learning_rate:g}")
+    trained = ea.models.train_inpainting(
+        model,
+        train_images,
+        key=train_key,
+        num_steps=train_steps,
+        num_masked=num_masked,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        time_limit=time_limit,
+        progress=progress_bar,
+    )
+    train_seconds = time.perf_counter() - start
+    model = trained.model
+    scores = ea.models.evaluate_inpainting(
+        model,
+        test_images,
+        num_masked=num_masked,
+        key=eval_key,
+        mean_image=jnp.mean(train_images, axis=0),
+    )
+    say(
+        f"trained {trained.step} steps in {train_seconds:.0f} s; test masked-patch MSE "
+        f"{scores['mse']:.4f} vs mean-patch baseline {scores['baseline_mse']:.4f}"
+    )
 
-    results: dict[str, dict[str, Any]] = {
-        "corrupted": retrieval_scores(probes, patterns_np, targets),
-        "classical": retrieval_scores(classical_out.value, patterns_np, targets),
-        "modern": retrieval_scores(modern_final, patterns_np, targets),
-    }
-    classical_energy = np.mean(np.asarray(classical_out.energies), axis=0)
-    modern_energy = np.mean(np.asarray(modern_out.energies), axis=0)
-    results["classical"]["mean_energy"] = classical_energy.tolist()
-    results["modern"]["mean_energy"] = modern_energy.tolist()
+    # Pictures: the first test digits with their evaluation masks.
+    shown = test_images[:num_examples]
+    masks = jax.vmap(
+        lambda i: ea.data.random_patch_mask(jr.fold_in(eval_key, i), model.num_patches, num_masked)
+    )(jnp.arange(shown.shape[0]))
 
+    @eqx.filter_jit
+    def inpaint(model: ea.models.ImageEnergyTransformer, images: jax.Array, masks: jax.Array):
+        def one(image, mask):
+            hidden = model.unpatchify(jnp.repeat(mask[:, None], 4, axis=1).astype(image.dtype))
+            output, descent = model(image, mask, return_trajectory=True)
+            tokens = model.prepare(model.encode(image), mask)
+            longer = model.transformer.recall(tokens, num_steps=4 * model.transformer.num_steps)
+            return hidden, output, descent.energies, longer.energies
+
+        return jax.vmap(one)(images, masks)
+
+    hidden, output, energies, longer = inpaint(model, shown, masks)
+    masked_view = np.where(np.asarray(hidden) > 0, 0.5, np.asarray(shown))
+    reconstructed = np.where(np.asarray(hidden) > 0, np.asarray(output), np.asarray(shown))
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # One column per stored digit (the first ones cover every class), its first probe.
-    shown = np.arange(min(num_examples, num_patterns)) * probes_per_pattern
-    as_images = lambda states: np.asarray(states)[shown].reshape(-1, 8, 8)  # noqa: E731
+    steps = model.transformer.num_steps
     files = {
-        "retrieval": ea.viz.image_grid(
+        "inpainting": ea.viz.image_grid(
             {
-                "stored": as_images(patterns_np[targets]),
-                f"corrupted\n({corruption:.0%} flipped)": as_images(probes),
-                f"classical\n({num_sweeps} sweeps)": as_images(classical_out.value),
-                f"modern\n({num_steps} steps)": as_images(modern_final),
+                "original": np.asarray(shown)[:, 0],
+                f"masked\n({num_masked} of {model.num_patches} patches)": masked_view[:, 0],
+                f"reconstructed\n({steps} steps)": np.clip(reconstructed[:, 0], 0.0, 1.0),
             },
-            out / "retrieval.png",
-            title=f"{num_patterns} stored digits: classical vs modern Hopfield retrieval",
-            vmin=-1.0,
+            out / "inpainting.png",
+            title=f"Energy Transformer inpainting of held-out digits (MSE ratio "
+            f"{scores['ratio']:.2f} of the mean-patch baseline)",
+            vmin=0.0,
             vmax=1.0,
         ),
         "energies": ea.viz.plot_energies(
             {
-                f"classical: energy per sweep ({num_probes} probes)": classical_energy,
-                f"modern: energy per step (beta = {beta:g})": modern_energy,
+                f"digit {i}": np.asarray(longer[i]) - float(longer[i][0])
+                for i in range(min(5, shown.shape[0]))
             },
             out / "energies.png",
-            xlabel="sweep / step",
-            ylabel="mean energy",
-            separate=True,
+            xlabel=f"descent step (the model is trained with {steps})",
+            ylabel="E(g_t) - E(g_0)",
+            title="Energy Transformer: energy along the recall dynamics",
         ),
+        "model": out / "model.npz",
         "metrics": out / "metrics.json",
     }
+    ea.models.save_image_et(files["model"], model)
     metrics = {
-        "num_patterns": num_patterns,
-        "dim": dim,
-        "load": num_patterns / dim,
-        "stored_labels": labels.tolist(),
-        "corruption": corruption,
-        "flipped_pixels": round(corruption * dim),
-        "probes_per_pattern": probes_per_pattern,
-        "num_probes": num_probes,
-        "num_sweeps": num_sweeps,
-        "num_steps": num_steps,
-        "beta": beta,
+        "task": "masked-patch inpainting of shipped 8x8 digits",
+        "image_shape": list(model.image_shape),
+        "patch_size": model.patch_size,
+        "num_patches": model.num_patches,
+        "num_masked": num_masked,
+        "train_steps_planned": train_steps,
+        "train_steps_done": trained.step,
+        "time_limit": time_limit,
+        "train_seconds": train_seconds,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
         "seed": seed,
-        "criterion": CRITERION,
-        "results": results,
+        "final_train_loss": float(trained.losses[-1]) if trained.losses.size else None,
+        "test": scores,
+        "recall_energies": np.asarray(energies).mean(axis=0).tolist(),
         "files": {name: str(path) for name, path in files.items()},
         "seconds": time.perf_counter() - start,
     }

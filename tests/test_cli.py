@@ -1,4 +1,4 @@
-"""The `energyattn` command, its demo and the plots it writes (`energyattn.viz`)."""
+"""The `energyattn` command, its demos and the plots they write (`energyattn.viz`)."""
 
 import json
 import os
@@ -11,10 +11,11 @@ import pytest
 from energyattn import viz
 from energyattn._cli import main
 from energyattn._demo import run_demo
+from energyattn._hopfield_demo import run_hopfield_demo
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
-# Tiny settings: 10 digits (one per class), 2 probes each, a couple of steps.
+# Tiny settings of the Hopfield demo: 10 digits (one per class), 2 probes each, a couple of steps.
 TINY = ["--patterns", "10", "--probes", "2", "--steps", "2", "--sweeps", "2"]
 MODELS = ("corrupted", "classical", "modern")
 
@@ -44,9 +45,9 @@ def _check_printed(text):
     assert "criterion:" in text and "pixel agreement" in text
 
 
-def test_demo_in_process(tmp_path, capsys):
+def test_hopfield_demo_in_process(tmp_path, capsys):
     out = tmp_path / "new" / "folder"  # created by the demo
-    assert main(["demo", "--out", str(out), *TINY, "--corruption", "0.1"]) == 0
+    assert main(["hopfield", "--out", str(out), *TINY, "--corruption", "0.1"]) == 0
     printed = capsys.readouterr().out
     _check_printed(printed)
     metrics = _check_outputs(out)
@@ -57,10 +58,10 @@ def test_demo_in_process(tmp_path, capsys):
     assert f"{metrics['results']['modern']['accuracy']:.3f}" in printed
 
 
-def test_demo_as_module(tmp_path):
+def test_hopfield_demo_as_module(tmp_path):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-m", "energyattn", "demo", "--out", str(tmp_path), *TINY],
+        [sys.executable, "-m", "energyattn", "hopfield", "--out", str(tmp_path), *TINY],
         capture_output=True,
         text=True,
         env=env,
@@ -71,9 +72,9 @@ def test_demo_as_module(tmp_path):
     _check_outputs(tmp_path)
 
 
-def test_run_demo_returns_metrics(tmp_path):
+def test_run_hopfield_demo_returns_metrics(tmp_path):
     lines = []
-    metrics = run_demo(
+    metrics = run_hopfield_demo(
         tmp_path,
         num_patterns=3,
         probes_per_pattern=1,
@@ -96,18 +97,19 @@ def test_run_demo_returns_metrics(tmp_path):
         ({"num_steps": -1}, "num_steps"),
     ],
 )
-def test_run_demo_bad_input(user_mode, tmp_path, kwargs, match):
+def test_run_hopfield_demo_bad_input(user_mode, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        run_demo(tmp_path, **kwargs)
+        run_hopfield_demo(tmp_path, **kwargs)
 
 
 def test_help(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
     assert exit_info.value.code == 0
-    assert "demo" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "demo" in text and "hopfield" in text
     with pytest.raises(SystemExit) as exit_info:
-        main(["demo", "--help"])
+        main(["hopfield", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for option in (
@@ -122,6 +124,49 @@ def test_help(capsys):
     ):
         assert option in text
     assert "95%" in text  # the retrieval criterion is documented
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in (
+        "--out",
+        "--train-steps",
+        "--time-limit",
+        "--masked",
+        "--batch-size",
+        "--learning-rate",
+        "--seed",
+        "--no-progress",
+    ):
+        assert option in text
+    assert "mean-patch baseline" in text
+
+
+def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--train-steps", "2", "--batch-size", "8", "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "test masked-patch MSE (Energy Transformer):" in printed
+    assert "test masked-patch MSE (mean-patch baseline):" in printed
+    for name in ("inpainting.png", "energies.png"):
+        image = matplotlib_image.imread(out / name)
+        assert image.ndim == 3 and image.std() > 0.05
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_steps_done"] == 2 and metrics["num_masked"] == 4
+    test = metrics["test"]
+    assert test["baseline_mse"] > 0 and test["ratio"] == pytest.approx(
+        test["mse"] / test["baseline_mse"]
+    )
+    assert f"{test['mse']:.4f}" in printed and f"{test['baseline_mse']:.4f}" in printed
+    assert len(metrics["recall_energies"]) == 13
+
+
+def test_run_demo_bad_input(user_mode, tmp_path):
+    with pytest.raises(ValueError, match="masked_fraction"):
+        run_demo(tmp_path, masked_fraction=1.0)
+    with pytest.raises(ValueError, match="hides 0 of 16 patches"):
+        run_demo(tmp_path, masked_fraction=0.01)
 
 
 @pytest.mark.parametrize(
@@ -129,16 +174,19 @@ def test_help(capsys):
     [
         ([], "required"),
         (["fly"], "invalid choice"),
-        (["demo", "--patterns", "-3"], "--patterns: must be >= 1"),
-        (["demo", "--patterns", "ten"], "--patterns: expected an integer"),
-        (["demo", "--corruption", "1.5"], "--corruption: must be in"),
-        (["demo", "--beta", "0"], "--beta: must be > 0"),
-        (["demo", "--steps", "-1"], "--steps: must be >= 0"),
-        (["demo", "--patterns", "100000"], "num_patterns must be in"),
+        (["hopfield", "--patterns", "-3"], "--patterns: must be >= 1"),
+        (["hopfield", "--patterns", "ten"], "--patterns: expected an integer"),
+        (["hopfield", "--corruption", "1.5"], "--corruption: must be in"),
+        (["hopfield", "--beta", "0"], "--beta: must be > 0"),
+        (["hopfield", "--steps", "-1"], "--steps: must be >= 0"),
+        (["hopfield", "--patterns", "100000"], "num_patterns must be in"),
+        (["demo", "--masked", "1.5"], "--masked: must be in (0, 1)"),
+        (["demo", "--time-limit", "0"], "--time-limit: must be > 0"),
+        (["demo", "--masked", "0.01"], "hides 0 of 16 patches"),
     ],
 )
 def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
-    argv = [*argv, "--out", str(tmp_path)] if argv[:1] == ["demo"] else argv
+    argv = [*argv, "--out", str(tmp_path)] if argv[:1] in (["demo"], ["hopfield"]) else argv
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2

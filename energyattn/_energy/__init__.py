@@ -17,6 +17,10 @@ from ._hopfield import (
     hebbian_weights as hebbian_weights,
     hopfield_energy as hopfield_energy,
 )
+from ._lagrangian import (
+    layer_norm_lagrangian as layer_norm_lagrangian,
+    legendre_energy as legendre_energy,
+)
 from ._rbm import (
     AbstractHiddenPrior as AbstractHiddenPrior,
     BernoulliPrior as BernoulliPrior,
@@ -29,4 +33,10 @@ from ._rbm import (
     cumulant as cumulant,
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
+)
+from ._transformer import (
+    TransformerAttentionEnergy as TransformerAttentionEnergy,
+    TransformerMemoryEnergy as TransformerMemoryEnergy,
+    transformer_attention_energy as transformer_attention_energy,
+    transformer_memory_energy as transformer_memory_energy,
 )

@@ -6,3 +6,8 @@ from ._corruption import (
     mask_entries as mask_entries,
 )
 from ._digits import Digits as Digits, load_digits as load_digits
+from ._patches import (
+    patchify as patchify,
+    random_patch_mask as random_patch_mask,
+    unpatchify as unpatchify,
+)

@@ -1,4 +1,8 @@
 """Attention layers (unbatched Equinox modules; use `jax.vmap` for batches)."""
 
+from ._energy_transformer import (
+    EnergyLayerNorm as EnergyLayerNorm,
+    EnergyTransformer as EnergyTransformer,
+)
 from ._hopfield import HopfieldAttention as HopfieldAttention
 from ._softmax import SoftmaxAttention as SoftmaxAttention

@@ -1,0 +1,72 @@
+"""Shared by the benchmark scripts: timing (compile apart from run), environment, JSON rows.
+
+Every script compares against a baseline measured in the same run, so the numbers that matter
+are ratios. Times are medians of repeats after `block_until_ready()`.
+"""
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def environment() -> dict[str, Any]:
+    """The device and software versions a row was measured with."""
+    import equinox
+    import jaxlib
+
+    import energyattn
+
+    device = jax.devices()[0]
+    return {
+        "device": f"{device.platform}: {device.device_kind}",
+        "num_devices": jax.device_count(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "equinox": equinox.__version__,
+        "energyattn": energyattn.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def interleaved(fns: dict[str, Callable], *args: Any, repeats: int = 7, number: int = 1) -> dict:
+    """Time several compiled functions of the same `args`, interleaving their repeats so that
+    drifting machine load hits all of them alike. Returns per-name timing dicts."""
+    compiled, compile_s = {}, {}
+    for name, fn in fns.items():
+        start = time.perf_counter()
+        compiled[name] = jax.jit(fn).lower(*args).compile()
+        compile_s[name] = time.perf_counter() - start
+        jax.block_until_ready(compiled[name](*args))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in compiled.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                out = fn(*args)
+            jax.block_until_ready(out)
+            samples[name].append((time.perf_counter() - start) / number)
+    return {
+        name: {
+            "compile_s": compile_s[name],
+            "median_s": statistics.median(samples[name]),
+            "min_s": min(samples[name]),
+        }
+        for name in fns
+    }
+
+
+def write_rows(name: str, rows: list[dict[str, Any]]) -> Path:
+    """Save rows (each with the environment added) to `benchmarks/results/<name>.json`."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps([dict(env, **row) for row in rows], indent=2) + "\n")
+    return path

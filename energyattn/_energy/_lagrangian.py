@@ -1,0 +1,90 @@
+"""Lagrangians of activation functions and their Legendre energies.
+
+In an associative memory each activation is the gradient of a convex Lagrangian,
+$g = \\nabla L(x)$, and the neurons carry the Legendre energy $g\\cdot x - L(x)$. This is
+what lets a non-linearity such as the layer norm sit inside an energy-based model.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from .._checks import check_positive
+from .._custom_types import Scalar, ScalarLike
+
+
+def layer_norm_lagrangian(
+    x: Float[ArrayLike, "*seq dim"],
+    gamma: ScalarLike = 1.0,
+    delta: Float[ArrayLike, " dim"] | None = None,
+    *,
+    eps: ScalarLike = 1e-5,
+) -> Scalar:
+    r"""The Lagrangian whose gradient is the (energy) layer norm, summed over tokens.
+
+    $$L(x) = D\,\gamma\,\sqrt{\tfrac1D \textstyle\sum_i (x_i - \bar x)^2 + \epsilon}
+      \;+\; \sum_i \delta_i x_i$$
+
+    Its gradient is the layer norm with a *scalar* gain, $\nabla L(x) = \gamma\,(x - \bar
+    x)/\sqrt{\mathrm{var}(x) + \epsilon} + \delta$. $L$ is convex for $\gamma \ge 0$, which is
+    what the Energy Transformer's Lyapunov argument needs (a per-dimension gain would make the
+    layer norm a non-gradient map).
+
+    **Arguments:**
+
+    - `x`: one token `(dim,)` or tokens `(seq, dim)`; the Lagrangians of the tokens add.
+    - `gamma`: the scalar gain $\gamma$.
+    - `delta`: optional per-dimension bias $\delta$, shape `(dim,)`.
+    - `eps`: $\epsilon > 0$, keeps the square root smooth.
+
+    **Returns:**
+
+    $\sum_{\text{tokens}} L(x)$, a 0-d array.
+
+    ??? cite "Source"
+
+        B. Hoover et al., *Energy Transformer* (NeurIPS 2023), the tutorial's
+        `EnergyLayerNorm`.
+    """
+    x = jnp.asarray(x)
+    if x.ndim < 1:
+        raise ValueError(f"x must have shape (..., dim), got {tuple(x.shape)}")
+    eps = check_positive("eps", eps)
+    dim = x.shape[-1]
+    centred = x - jnp.mean(x, axis=-1, keepdims=True)
+    spread = jnp.sqrt(jnp.mean(jnp.square(centred), axis=-1) + eps.astype(x.dtype))
+    value = dim * jnp.asarray(gamma, x.dtype) * jnp.sum(spread)
+    if delta is not None:
+        delta = jnp.asarray(delta)
+        if delta.shape != (dim,):
+            raise ValueError(f"delta must have shape (dim={dim},), got {tuple(delta.shape)}")
+        value = value + jnp.sum(x * delta)
+    return value
+
+
+def legendre_energy(lagrangian: Callable[[Array], Scalar], x: Float[ArrayLike, "..."]) -> Scalar:
+    r"""The Legendre energy of neurons whose activation is the gradient of `lagrangian`.
+
+    $$E(x) = g \cdot x - L(x), \qquad g = \nabla L(x)$$
+
+    The activation is obtained with `jax.grad`, so any convex Lagrangian works.
+
+    **Arguments:**
+
+    - `lagrangian`: $L$, a function from the states to a scalar.
+    - `x`: the states (any shape).
+
+    **Returns:**
+
+    $E(x)$, a 0-d array.
+
+    ??? cite "Source"
+
+        B. Hoover et al., *Energy Transformer* (NeurIPS 2023): the layer norm's energy
+        `(g * x).sum() - lagrangian(x)` in the tutorial.
+    """
+    x = jnp.asarray(x)
+    value, g = jax.value_and_grad(lagrangian)(x)
+    return jnp.sum(g * x) - value

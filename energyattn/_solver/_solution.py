@@ -1,0 +1,66 @@
+"""What every iterative solver returns: `Solution`, with a `RESULTS` code (tier 3 of errors)."""
+
+from typing import Any
+
+import equinox as eqx
+from jaxtyping import Array, Float, Int
+
+from .._custom_types import State
+
+
+class RESULTS(eqx.Enumeration):
+    """Why a solver stopped. `RESULTS[code]` is the message; `successful` has none.
+
+    Solvers raise on anything but `successful` when `throw=True` (the default) and return
+    the code in [`Solution.result`][energyattn.Solution] when `throw=False`.
+    """
+
+    successful = ""
+    max_steps_reached = (
+        "the solver did not converge within `max_steps` steps; raise `max_steps`, loosen the "
+        "tolerances, or pass `throw=False` to inspect the last iterate"
+    )
+    nonfinite = "the iterate or its residual became non-finite (NaN or inf)"
+    infeasible = (
+        "no feasible step: the iterate left the domain where the objective is defined (for "
+        "example a matrix that should be positive definite is not) and backtracking could "
+        "not bring it back"
+    )
+
+
+class Solution(eqx.Module):
+    """The result of an iterative solve (fixed point, root, minimum, saddle point).
+
+    **Attributes:**
+
+    - `value`: the solution (same structure as the initial guess).
+    - `result`: a [`RESULTS`][energyattn.RESULTS] code; `RESULTS.successful` when converged.
+    - `num_steps`: the number of iterations taken (an integer array; per example under `vmap`).
+    - `residual`: the size of the last step or residual, in the solver's own stopping measure.
+    - `stats`: solver-specific extras (a dict of arrays), possibly empty.
+    - `trajectory`: the iterates, or `None` unless the solver was asked to save them.
+    """
+
+    value: State
+    result: RESULTS
+    num_steps: Int[Array, ""]
+    residual: Float[Array, ""]
+    stats: dict[str, Any] = eqx.field(default_factory=dict)
+    trajectory: State | None = None
+
+    @property
+    def converged(self) -> Array:
+        """A boolean array: `True` where the solver succeeded."""
+        return self.result == RESULTS.successful
+
+
+def finish(solution: Solution, throw: bool) -> Solution:
+    """Raise (at run time, through `eqx.error_if`) unless `solution` succeeded, when `throw`.
+
+    Returns the solution with its value routed through the check, so the check cannot be
+    optimised away by a caller who only uses the value.
+    """
+    if not throw:
+        return solution
+    value = solution.result.error_if(solution.value, solution.result != RESULTS.successful)
+    return eqx.tree_at(lambda s: s.value, solution, value)

@@ -1,0 +1,16 @@
+"""Task models with data, training and evaluation (unbatched; vmap for batches)."""
+
+from ._image_et import (
+    ImageEnergyTransformer as ImageEnergyTransformer,
+    load_image_et as load_image_et,
+    masked_patch_mse as masked_patch_mse,
+    save_image_et as save_image_et,
+)
+from ._training import (
+    TrainResult as TrainResult,
+    evaluate_inpainting as evaluate_inpainting,
+    load_checkpoint as load_checkpoint,
+    make_optimizer as make_optimizer,
+    save_checkpoint as save_checkpoint,
+    train_inpainting as train_inpainting,
+)

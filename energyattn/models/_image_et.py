@@ -1,0 +1,409 @@
+"""Masked-image inpainting with an Energy Transformer."""
+
+from pathlib import Path
+from typing import Any, Literal, overload
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+
+from .._checks import check_finite, positive_int, shape_str
+from .._custom_types import Scalar
+from .._solver import Descent
+from ..data._patches import check_image_shape, patchify, unpatchify
+from ..nn import EnergyTransformer
+from ..nn._common import default_dtype
+
+
+class ImageEnergyTransformer(eqx.Module):
+    r"""An Energy Transformer that inpaints masked image patches.
+
+    $$x^{(0)} = \big[\mathrm{CLS};\; \mathrm{MASK}\ \text{or}\ P W_{\mathrm{emb}} + b_{\mathrm{emb}}
+      \big] + \mathrm{POS}, \qquad x^{(T)} = \text{$T$ steps of }
+      x \leftarrow x - \alpha\,\partial_g E(g)\big|_{g=\mathrm{LN}(x)},$$
+
+    $$\hat P = \mathrm{LN}(x^{(T)}_{1:})\, W_{\mathrm{unemb}} + b_{\mathrm{unemb}}.$$
+
+    The image (channels first) is cut into `patch_size` patches $P$; each patch is embedded
+    linearly, masked patches are replaced by the learned MASK token, a CLS token is prepended
+    and learned position embeddings are added. The tokens then descend the
+    [`EnergyTransformer`][energyattn.nn.EnergyTransformer]'s energy for $T$ steps (default
+    $\alpha = 0.1$, $T = 12$) and are decoded back into patches, and the patches into an image.
+
+    **Arguments:**
+
+    - `image_shape`: `(channels, height, width)` of the images (default `(1, 8, 8)`, the
+      shipped digits).
+    - `patch_size`: side of the square patches (default 2); must divide height and width.
+    - `dim`, `num_heads`, `head_dim`, `num_memories`, `beta`, `include_self`, `memory`,
+      `step_size`, `num_steps`: of the [`EnergyTransformer`][energyattn.nn.EnergyTransformer].
+    - `dtype`: parameter dtype; `key`: a JAX PRNG key.
+
+    ??? cite "Source"
+
+        B. Hoover et al., *Energy Transformer* (NeurIPS 2023); the tutorial's
+        "Image-compatible ET".
+    """
+
+    embed_weight: Float[Array, "patch_dim dim"]
+    embed_bias: Float[Array, " dim"]
+    unembed_weight: Float[Array, "dim patch_dim"]
+    unembed_bias: Float[Array, " patch_dim"]
+    cls_token: Float[Array, " dim"]
+    mask_token: Float[Array, " dim"]
+    pos_embed: Float[Array, "tokens dim"]
+    transformer: EnergyTransformer
+    image_shape: tuple[int, int, int] = eqx.field(static=True)
+    patch_size: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int] = (1, 8, 8),
+        patch_size: int = 2,
+        *,
+        dim: int = 32,
+        num_heads: int = 4,
+        head_dim: int = 8,
+        num_memories: int = 128,
+        beta: float | None = None,
+        include_self: bool = False,
+        memory: Literal["relu", "softmax"] = "relu",
+        step_size: float = 0.1,
+        num_steps: int = 12,
+        dtype: Any = None,
+        key: PRNGKeyArray,
+    ):
+        self.image_shape, self.patch_size = check_image_shape(image_shape, patch_size)
+        dim = positive_int("dim", dim)
+        dtype = default_dtype(dtype)
+        channels, height, width = self.image_shape
+        patch_dim = channels * self.patch_size**2
+        num_patches = (height // self.patch_size) * (width // self.patch_size)
+        k_emb, k_unemb, k_cls, k_mask, k_pos, k_et = jr.split(key, 6)
+        self.embed_weight = patch_dim**-0.5 * jr.normal(k_emb, (patch_dim, dim), dtype)
+        self.embed_bias = jnp.zeros(dim, dtype)
+        self.unembed_weight = dim**-0.5 * jr.normal(k_unemb, (dim, patch_dim), dtype)
+        self.unembed_bias = jnp.zeros(patch_dim, dtype)
+        self.cls_token = 0.02 * jr.normal(k_cls, (dim,), dtype)
+        self.mask_token = 0.02 * jr.normal(k_mask, (dim,), dtype)
+        self.pos_embed = 0.02 * jr.normal(k_pos, (num_patches + 1, dim), dtype)
+        self.transformer = EnergyTransformer(
+            dim,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            num_memories=num_memories,
+            beta=beta,
+            include_self=include_self,
+            memory=memory,
+            step_size=step_size,
+            num_steps=num_steps,
+            dtype=dtype,
+            key=k_et,
+        )
+
+    @property
+    def num_patches(self) -> int:
+        """Number of patches (tokens without the CLS token)."""
+        _, height, width = self.image_shape
+        return (height // self.patch_size) * (width // self.patch_size)
+
+    def _check_image(self, image: Any) -> Array:
+        channels, height, width = self.image_shape
+        if tuple(jnp.shape(image)) != self.image_shape:
+            raise ValueError(
+                f"image must have shape (channels={channels}, height={height}, width={width}), "
+                f"got {shape_str(jnp.shape(image))}"
+            )
+        return check_finite("image", image)
+
+    def _check_mask(self, mask: Any) -> Array:
+        if tuple(jnp.shape(mask)) != (self.num_patches,):
+            raise ValueError(
+                f"mask must have shape (patches={self.num_patches},), one entry per patch, got "
+                f"{shape_str(jnp.shape(mask))}"
+            )
+        mask = jnp.asarray(mask)
+        if mask.dtype != jnp.bool_:
+            raise ValueError(f"mask must be boolean (True = masked patch), got dtype {mask.dtype}")
+        return mask
+
+    def patchify(
+        self, image: Float[ArrayLike, "channels height width"]
+    ) -> Float[Array, "patches patch_dim"]:
+        """The image's patches, shape `(num_patches, channels * patch_size**2)`."""
+        return patchify(self._check_image(image), self.patch_size)
+
+    def unpatchify(
+        self, patches: Float[ArrayLike, "patches patch_dim"]
+    ) -> Float[Array, "channels height width"]:
+        """Inverse of [`patchify`][energyattn.models.ImageEnergyTransformer.patchify]."""
+        return unpatchify(patches, self.image_shape, self.patch_size)
+
+    def encode(
+        self, image: Float[ArrayLike, "channels height width"]
+    ) -> Float[Array, "patches dim"]:
+        """Embed the patches linearly: one token per patch, shape `(num_patches, dim)`."""
+        return self.patchify(image) @ self.embed_weight + self.embed_bias
+
+    def decode(
+        self, tokens: Float[ArrayLike, "patches dim"]
+    ) -> Float[Array, "channels height width"]:
+        """Read patch tokens out through the layer norm and the linear unembedding."""
+        g = self.transformer.layer_norm(tokens)
+        return self.unpatchify(g @ self.unembed_weight + self.unembed_bias)
+
+    def prepare(
+        self, tokens: Float[ArrayLike, "patches dim"], mask: Bool[ArrayLike, " patches"]
+    ) -> Float[Array, "tokens dim"]:
+        """Replace masked tokens by the MASK token, prepend CLS, add position embeddings."""
+        mask = self._check_mask(mask)
+        tokens = jnp.where(mask[:, None], self.mask_token, jnp.asarray(tokens))
+        return jnp.concatenate([self.cls_token[None], tokens]) + self.pos_embed
+
+    @overload
+    def __call__(
+        self,
+        image: Float[ArrayLike, "channels height width"],
+        mask: Bool[ArrayLike, " patches"],
+        *,
+        step_size: float | None = None,
+        num_steps: int | None = None,
+        return_trajectory: Literal[False] = False,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "channels height width"]: ...
+
+    @overload
+    def __call__(
+        self,
+        image: Float[ArrayLike, "channels height width"],
+        mask: Bool[ArrayLike, " patches"],
+        *,
+        step_size: float | None = None,
+        num_steps: int | None = None,
+        return_trajectory: Literal[True],
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[Float[Array, "channels height width"], Descent]: ...
+
+    def __call__(
+        self,
+        image: Float[ArrayLike, "channels height width"],
+        mask: Bool[ArrayLike, " patches"],
+        *,
+        step_size: float | None = None,
+        num_steps: int | None = None,
+        return_trajectory: bool = False,
+        key: PRNGKeyArray | None = None,
+    ) -> (
+        Float[Array, "channels height width"]
+        | tuple[Float[Array, "channels height width"], Descent]
+    ):
+        """Reconstruct an image whose masked patches are hidden from the model.
+
+        **Arguments:**
+
+        - `image`: shape `(channels, height, width)`.
+        - `mask`: boolean `(num_patches,)`, `True` for the patches to hide (see
+          [`random_patch_mask`][energyattn.data.random_patch_mask]).
+        - `step_size`, `num_steps`: override the transformer's $\\alpha$ and $T$.
+        - `return_trajectory`: also return the [`Descent`][energyattn.Descent] of the tokens
+          (energies per step; states when `save_trajectory` is needed, call
+          `model.transformer.recall` directly).
+        - `key`: unused; accepted for Equinox compatibility.
+
+        **Returns:**
+
+        The reconstructed image, same shape as `image` (every patch is decoded; the masked
+        ones are the inpainting); with `return_trajectory=True` also the descent.
+        """
+        tokens = self.prepare(self.encode(image), mask)
+        descent = self.transformer.recall(tokens, step_size=step_size, num_steps=num_steps)
+        reconstruction = self.decode(descent.value[1:])
+        return (reconstruction, descent) if return_trajectory else reconstruction
+
+
+def masked_patch_mse(
+    model: ImageEnergyTransformer,
+    image: Float[ArrayLike, "channels height width"],
+    mask: Bool[ArrayLike, " patches"],
+) -> Scalar:
+    r"""Mean squared error of the reconstruction on the masked patches only.
+
+    $$\ell = \frac{1}{|S|\,Z} \sum_{n \in S} \lVert \hat P_n - P_n \rVert^2,
+      \qquad S = \{n : \mathrm{mask}_n\},\; Z = \text{pixels per patch}$$
+
+    (0 when nothing is masked). Average it over a batch with `jax.vmap`.
+    """
+    mask = model._check_mask(mask)
+    error = jnp.square(model.patchify(model(image, mask)) - model.patchify(image))
+    per_patch = jnp.mean(error, axis=-1)
+    count = jnp.sum(mask)
+    return jnp.sum(jnp.where(mask, per_patch, 0.0)) / jnp.maximum(count, 1)
+
+
+# The layout of the public Energy Transformer checkpoint (a plain dict of arrays).
+_NPZ_KEYS = (
+    "Wq",
+    "Wk",
+    "Xi",
+    "Wenc",
+    "Benc",
+    "Wdec",
+    "Bdec",
+    "LNORM_gamma",
+    "LNORM_bias",
+    "CLS_token",
+    "MASK_token",
+    "POS_embed",
+)
+
+
+def load_image_et(
+    path: str | Path,
+    *,
+    image_shape: tuple[int, int, int] = (3, 224, 224),
+    patch_size: int = 16,
+    include_self: bool = True,
+    step_size: float = 0.1,
+    num_steps: int = 12,
+    dtype: Any = None,
+) -> ImageEnergyTransformer:
+    r"""Load Energy Transformer weights from an `.npz` file in the public checkpoint's layout.
+
+    The file holds one array per key ($H$ heads, $Y$ head dim, $D$ token dim, $M$ memories,
+    $Z = C p^2$ pixels per patch, $N$ patches):
+
+    | key | shape | meaning |
+    |---|---|---|
+    | `Wq`, `Wk` | `(H, Y, D)` | query / key projections $W^Q, W^K$ |
+    | `Xi` | `(M, D)` | memories $\xi$ (`(D, M)` is also accepted when $M \ne D$) |
+    | `Wenc`, `Benc` | `(Z, D)`, `(D,)` | patch embedding (`tokens = patches @ Wenc + Benc`) |
+    | `Wdec`, `Bdec` | `(D, Z)`, `(Z,)` | unembedding |
+    | `LNORM_gamma`, `LNORM_bias` | `()` (or `(1,)`), `(D,)` | energy layer norm $\gamma, \delta$ |
+    | `CLS_token`, `MASK_token` | `(D,)` | the CLS and MASK tokens |
+    | `POS_embed` | `(N + 1, D)` | position embeddings, CLS first |
+
+    Patches are flattened in (channel, row, column) order and ordered row by row, as in
+    [`patchify`][energyattn.data.patchify]. The attention uses $\beta = 1/\sqrt{Y}$, and the
+    released ImageNet weights were trained with the self term in the attention sum
+    (`include_self=True`). The image shape and patch size are not stored in the file; the
+    defaults are the released model's (ImageNet, `(3, 224, 224)`, 16-pixel patches).
+
+    **Arguments:**
+
+    - `path`: the `.npz` file.
+    - `image_shape`, `patch_size`: the images the weights are for.
+    - `include_self`, `step_size`, `num_steps`: dynamics settings (not stored in the file).
+    - `dtype`: convert the weights to this dtype (default float32, float64 under x64).
+
+    **Returns:**
+
+    An [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer].
+    """
+    with np.load(path) as file:
+        missing = [k for k in _NPZ_KEYS if k not in file.files]
+        if missing:
+            raise ValueError(f"{path} is missing the arrays {missing}; expected {list(_NPZ_KEYS)}")
+        arrays = {k: np.asarray(file[k]) for k in _NPZ_KEYS}
+    (channels, height, width), patch_size = check_image_shape(image_shape, patch_size)
+    if arrays["Wq"].ndim != 3:
+        raise ValueError(f"Wq must have shape (heads, head_dim, dim), got {arrays['Wq'].shape}")
+    heads, head_dim, dim = arrays["Wq"].shape
+    memories = arrays["Xi"]
+    if memories.ndim == 2 and memories.shape[1] != dim and memories.shape[0] == dim:
+        memories = memories.T
+    patch_dim = channels * patch_size**2
+    num_patches = (height // patch_size) * (width // patch_size)
+    gamma = arrays["LNORM_gamma"]
+    if gamma.size != 1:
+        raise ValueError(f"LNORM_gamma must be a scalar, got shape {gamma.shape}")
+    expected = {
+        "Wq": (heads, head_dim, dim),
+        "Wk": (heads, head_dim, dim),
+        "Xi": (memories.shape[0], dim),
+        "Wenc": (patch_dim, dim),
+        "Benc": (dim,),
+        "Wdec": (dim, patch_dim),
+        "Bdec": (patch_dim,),
+        "LNORM_bias": (dim,),
+        "CLS_token": (dim,),
+        "MASK_token": (dim,),
+        "POS_embed": (num_patches + 1, dim),
+    }
+    got = dict(arrays, Xi=memories)
+    for name, shape in expected.items():
+        if got[name].shape != shape:
+            raise ValueError(
+                f"{name} must have shape {shape_str(shape)} for {shape_str(image_shape)} images "
+                f"in {patch_size}x{patch_size} patches with dim={dim}, got "
+                f"{shape_str(got[name].shape)}"
+            )
+    dtype = default_dtype(dtype)
+    model = ImageEnergyTransformer(
+        (channels, height, width),
+        patch_size,
+        dim=dim,
+        num_heads=heads,
+        head_dim=head_dim,
+        num_memories=memories.shape[0],
+        include_self=include_self,
+        step_size=step_size,
+        num_steps=num_steps,
+        dtype=dtype,
+        key=jr.key(0),
+    )
+    new = {
+        "embed_weight": arrays["Wenc"],
+        "embed_bias": arrays["Benc"],
+        "unembed_weight": arrays["Wdec"],
+        "unembed_bias": arrays["Bdec"],
+        "cls_token": arrays["CLS_token"],
+        "mask_token": arrays["MASK_token"],
+        "pos_embed": arrays["POS_embed"],
+    }
+    model = eqx.tree_at(
+        lambda m: [getattr(m, name) for name in new],
+        model,
+        [jnp.asarray(a, dtype) for a in new.values()],
+    )
+    return eqx.tree_at(
+        lambda m: (
+            m.transformer.w_query,
+            m.transformer.w_key,
+            m.transformer.memories,
+            m.transformer.layer_norm.gamma,
+            m.transformer.layer_norm.delta,
+        ),
+        model,
+        (
+            jnp.asarray(arrays["Wq"], dtype),
+            jnp.asarray(arrays["Wk"], dtype),
+            jnp.asarray(memories, dtype),
+            jnp.asarray(gamma.reshape(()), dtype),
+            jnp.asarray(arrays["LNORM_bias"], dtype),
+        ),
+    )
+
+
+def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
+    """Write a model's weights as an `.npz` file in the layout that
+    [`load_image_et`][energyattn.models.load_image_et] reads (and the public checkpoint uses)."""
+    et = model.transformer
+    if et.layer_norm.delta is None:
+        raise ValueError("the npz layout stores a layer-norm bias; this model has use_bias=False")
+    arrays = {
+        "Wq": et.w_query,
+        "Wk": et.w_key,
+        "Xi": et.memories,
+        "Wenc": model.embed_weight,
+        "Benc": model.embed_bias,
+        "Wdec": model.unembed_weight,
+        "Bdec": model.unembed_bias,
+        "LNORM_gamma": et.layer_norm.gamma,
+        "LNORM_bias": et.layer_norm.delta,
+        "CLS_token": model.cls_token,
+        "MASK_token": model.mask_token,
+        "POS_embed": model.pos_embed,
+    }
+    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})

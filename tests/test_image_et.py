@@ -1,0 +1,313 @@
+"""The image Energy Transformer: patches, masking, forward pass, training, checkpoints, npz."""
+
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import energyattn as ea
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def tiny_model(key, **kwargs):
+    options = dict(dim=8, num_heads=2, head_dim=4, num_memories=16, num_steps=3)
+    options.update(kwargs)
+    return ea.models.ImageEnergyTransformer((1, 8, 8), 2, key=key, **options)
+
+
+def test_patchify_order_and_round_trip(getkey):
+    image = jnp.arange(2 * 4 * 6.0).reshape(2, 4, 6)
+    patches = ea.data.patchify(image, 2)
+    assert patches.shape == (6, 8)
+    # first patch: top-left 2x2 block of channel 0 then channel 1; second: the block to its right
+    np.testing.assert_array_equal(patches[0], [0, 1, 6, 7, 24, 25, 30, 31])
+    np.testing.assert_array_equal(patches[1], [2, 3, 8, 9, 26, 27, 32, 33])
+    np.testing.assert_array_equal(patches[3], [12, 13, 18, 19, 36, 37, 42, 43])
+    np.testing.assert_array_equal(ea.data.unpatchify(patches, (2, 4, 6), 2), image)
+
+
+def test_random_patch_mask(getkey):
+    masks = jax.jit(jax.vmap(lambda k: ea.data.random_patch_mask(k, 16, 4)))(jr.split(getkey(), 50))
+    assert masks.dtype == jnp.bool_ and masks.shape == (50, 16)
+    np.testing.assert_array_equal(masks.sum(1), 4)
+    assert len({tuple(m) for m in np.asarray(masks)}) > 40  # different masks per key
+    with pytest.raises(ValueError, match="cannot mask num_masked=17 patches .* num_patches=16"):
+        ea.data.random_patch_mask(getkey(), 16, 17)
+
+
+def test_forward_pass_is_the_documented_pipeline(getkey):
+    model = tiny_model(getkey())
+    image = jr.uniform(getkey(), (1, 8, 8))
+    mask = ea.data.random_patch_mask(getkey(), 16, 4)
+    out, descent = eqx.filter_jit(lambda m, x, k: m(x, k, return_trajectory=True))(
+        model, image, mask
+    )
+    assert out.shape == (1, 8, 8) and descent.energies.shape == (4,)
+    # by hand
+    patches = np.asarray(ea.data.patchify(image, 2))
+    tokens = patches @ np.asarray(model.embed_weight) + np.asarray(model.embed_bias)
+    tokens = np.where(np.asarray(mask)[:, None], np.asarray(model.mask_token), tokens)
+    tokens = np.concatenate([np.asarray(model.cls_token)[None], tokens]) + np.asarray(
+        model.pos_embed
+    )
+
+    @eqx.filter_jit
+    def by_hand(et, x):
+        for _ in range(3):
+            x = x - 0.1 * jax.grad(et.energy)(et.layer_norm(x))
+        return et.layer_norm(x[1:]) @ model.unembed_weight + model.unembed_bias
+
+    expected = by_hand(model.transformer, jnp.asarray(tokens))
+    np.testing.assert_allclose(model.patchify(out), expected, rtol=1e-10, atol=1e-12)
+    # The content of masked patches never reaches the model.
+    hidden = ea.data.unpatchify(jnp.repeat(mask[:, None], 4, 1), (1, 8, 8), 2)
+    scribbled = jnp.where(hidden, 5.0, image)
+    np.testing.assert_allclose(eqx.filter_jit(model)(scribbled, mask), out, rtol=1e-12)
+
+
+def test_whole_model_jit_vmap_grad(getkey):
+    model = tiny_model(getkey())
+    images = jr.uniform(getkey(), (3, 1, 8, 8))
+    masks = jax.vmap(lambda k: ea.data.random_patch_mask(k, 16, 4))(jr.split(getkey(), 3))
+
+    def loss(model, images, masks):
+        return jnp.mean(
+            jax.vmap(ea.models.masked_patch_mse, in_axes=(None, 0, 0))(model, images, masks)
+        )
+
+    value, grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, images, masks)
+    single = [ea.models.masked_patch_mse(model, images[i], masks[i]) for i in range(3)]
+    np.testing.assert_allclose(value, np.mean(single), rtol=1e-12)
+    jit_loss = eqx.filter_jit(loss)
+    for path in (lambda m: m.transformer.w_key, lambda m: m.mask_token, lambda m: m.embed_weight):
+        direction = jr.normal(getkey(), path(model).shape)
+        eps = 1e-6
+        plus = eqx.tree_at(path, model, path(model) + eps * direction)
+        minus = eqx.tree_at(path, model, path(model) - eps * direction)
+        fd = (jit_loss(plus, images, masks) - jit_loss(minus, images, masks)) / (2 * eps)
+        np.testing.assert_allclose(jnp.sum(path(grads) * direction), fd, rtol=1e-6)
+
+
+def test_lyapunov_decreases_for_image_model_config(getkey):
+    model = ea.models.ImageEnergyTransformer((1, 8, 8), 2, key=getkey())  # the default config
+    image = jnp.asarray(ea.data.load_digits("test").images[0])[None]
+    mask = ea.data.random_patch_mask(getkey(), 16, 4)
+    tokens = model.prepare(model.encode(image), mask)
+    et = model.transformer
+
+    @eqx.filter_jit
+    def run(et, tokens):
+        descent = et.recall(tokens, num_steps=300, save_trajectory=True)  # alpha = 0.1
+        return jax.vmap(et.lyapunov)(descent.trajectory)
+
+    lyapunov = np.asarray(run(et, tokens))
+    assert np.all(np.diff(lyapunov) <= 1e-9 * np.abs(lyapunov).max())
+    assert lyapunov[-1] < lyapunov[0]
+
+
+def test_training_reduces_loss_and_resumes_identically(getkey, tmp_path):
+    images = jnp.asarray(ea.data.load_digits("train").images[:64, None])
+    model = tiny_model(jr.key(0))
+    settings = dict(num_steps=6, num_masked=4, batch_size=8, learning_rate=1e-2, progress=False)
+    straight = ea.models.train_inpainting(model, images, key=jr.key(1), **settings)
+    assert straight.finished and straight.step == 6 and straight.losses.shape == (6,)
+
+    # stop after 3 steps (a callback raising stands in for a crash), then resume
+    checkpoint = tmp_path / "et.eqx"
+
+    def crash(step, loss):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ea.models.train_inpainting(
+            model,
+            images,
+            key=jr.key(1),
+            checkpoint=checkpoint,
+            checkpoint_every=1,
+            callback=crash,
+            **settings,
+        )
+    assert checkpoint.exists()
+    resumed = ea.models.train_inpainting(
+        tiny_model(jr.key(5)), images, key=jr.key(1), checkpoint=checkpoint, **settings
+    )
+    assert resumed.step == 6 and resumed.losses.shape == (3,)
+    np.testing.assert_array_equal(resumed.losses, straight.losses[3:])
+    for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(straight.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # A finished checkpoint resumes to nothing left to do.
+    again = ea.models.train_inpainting(
+        model, images, key=jr.key(1), checkpoint=checkpoint, **settings
+    )
+    assert again.losses.shape == (0,) and again.finished
+
+
+def test_time_limit_stops_early(tmp_path):
+    images = jnp.asarray(ea.data.load_digits("train").images[:32, None])
+    result = ea.models.train_inpainting(
+        tiny_model(jr.key(0)),
+        images,
+        key=jr.key(1),
+        num_steps=1000,
+        num_masked=4,
+        batch_size=8,
+        time_limit=0.0,
+        progress=False,
+        checkpoint=tmp_path / "c.eqx",
+    )
+    assert not result.finished and result.step == 0 and (tmp_path / "c.eqx").exists()
+
+
+def test_optimizer_schedule():
+    optimizer = ea.models.make_optimizer(
+        1.0, num_steps=100, warmup_steps=10, clip_norm=1e9, weight_decay=0.0
+    )
+    params = {"w": jnp.zeros(())}
+    state = optimizer.init(params)
+    sizes = []
+    for _ in range(100):
+        updates, state = optimizer.update({"w": jnp.ones(())}, state, params)
+        sizes.append(-float(updates["w"]))
+    # Adam's first step has unit size times the learning rate: warm-up from 0, peak, cosine to 0.
+    assert sizes[0] == 0.0 and sizes[10] == pytest.approx(1.0, rel=1e-3)
+    assert sizes[55] == pytest.approx(0.5, rel=0.05) and sizes[-1] < 1e-3
+
+
+def write_checkpoint_like_npz(path, rng, *, heads=2, head_dim=3, dim=6, mem=10, transpose_xi=False):
+    """Arrays in the public ET checkpoint's layout, for 1x8x8 images in 4x4 patches."""
+    arrays = {
+        "Wq": rng.normal(size=(heads, head_dim, dim)),
+        "Wk": rng.normal(size=(heads, head_dim, dim)),
+        "Xi": rng.normal(size=(mem, dim)),
+        "Wenc": rng.normal(size=(16, dim)),
+        "Benc": rng.normal(size=(dim,)),
+        "Wdec": rng.normal(size=(dim, 16)),
+        "Bdec": rng.normal(size=(16,)),
+        "LNORM_gamma": np.asarray(1.3),
+        "LNORM_bias": rng.normal(size=(dim,)),
+        "CLS_token": rng.normal(size=(dim,)),
+        "MASK_token": rng.normal(size=(dim,)),
+        "POS_embed": rng.normal(size=(5, dim)),
+    }
+    saved = dict(arrays, Xi=arrays["Xi"].T) if transpose_xi else arrays
+    np.savez(path, **saved)
+    return arrays
+
+
+@pytest.mark.parametrize("transpose_xi", [False, True])
+def test_load_npz_checkpoint_layout(tmp_path, getkey, transpose_xi):
+    rng = np.random.default_rng(0)
+    arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng, transpose_xi=transpose_xi)
+    model = ea.models.load_image_et(tmp_path / "et.npz", image_shape=(1, 8, 8), patch_size=4)
+    et = model.transformer
+    assert et.include_self and et.beta == pytest.approx(3**-0.5)
+    np.testing.assert_array_equal(et.w_query, arrays["Wq"])
+    np.testing.assert_array_equal(et.memories, arrays["Xi"])
+    np.testing.assert_array_equal(model.pos_embed, arrays["POS_embed"])
+    np.testing.assert_array_equal(et.layer_norm.gamma, 1.3)
+    # The energy of the loaded model, written from the raw arrays.
+    g = np.asarray(jr.normal(getkey(), (5, 6)))
+    value = 0.0
+    for h in range(2):
+        scores = (g @ arrays["Wq"][h].T) @ (g @ arrays["Wk"][h].T).T / np.sqrt(3)
+        value -= np.sqrt(3) * np.log(np.exp(scores).sum(1)).sum()  # self term included
+    value -= 0.5 * np.sum(np.maximum(g @ arrays["Xi"].T, 0) ** 2)
+    np.testing.assert_allclose(et.energy(g), value, rtol=1e-12)
+    # encode uses patches @ Wenc + Benc
+    image = np.asarray(jr.uniform(getkey(), (1, 8, 8)))
+    np.testing.assert_allclose(
+        model.encode(image),
+        ea.data.patchify(image, 4) @ arrays["Wenc"] + arrays["Benc"],
+        rtol=1e-12,
+    )
+    # and a model saved in the layout loads back identically
+    ea.models.save_image_et(tmp_path / "again.npz", model)
+    again = ea.models.load_image_et(tmp_path / "again.npz", image_shape=(1, 8, 8), patch_size=4)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_load_npz_errors(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng)
+    with pytest.raises(ValueError, match=r"POS_embed must have shape \(17, 6\) .* got \(5, 6\)"):
+        ea.models.load_image_et(tmp_path / "et.npz", image_shape=(4, 8, 8), patch_size=2)
+    with pytest.raises(ValueError, match=r"Wenc must have shape \(48, 6\)"):
+        ea.models.load_image_et(tmp_path / "et.npz", image_shape=(3, 8, 8), patch_size=4)
+    del arrays["MASK_token"]
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=r"missing the arrays \['MASK_token'\]"):
+        ea.models.load_image_et(tmp_path / "bad.npz", image_shape=(1, 8, 8), patch_size=4)
+
+
+def test_bad_inputs(user_mode, getkey):
+    with pytest.raises(
+        ValueError, match=r"image of shape \(1, 8, 6\) .* divisible by patch_size=4"
+    ):
+        ea.models.ImageEnergyTransformer((1, 8, 6), 4, key=getkey())
+    model = tiny_model(getkey())
+    mask = jnp.zeros(16, bool)
+    with pytest.raises(
+        ValueError,
+        match=r"image must have shape \(channels=1, height=8, width=8\), got \(3, 8, 8\)",
+    ):
+        model(jnp.zeros((3, 8, 8)), mask)
+    with pytest.raises(ValueError, match=r"image must have shape .* got \(8, 8\)"):
+        model(jnp.zeros((8, 8)), mask)
+    with pytest.raises(ValueError, match=r"mask must have shape \(patches=16,\)"):
+        model(jnp.zeros((1, 8, 8)), jnp.zeros(15, bool))
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        model(jnp.zeros((1, 8, 8)), jnp.zeros(16, jnp.uint8))
+    with pytest.raises(
+        ValueError, match=r"image must have shape \(channels, height, width\), got \(8, 8\)"
+    ):
+        ea.data.patchify(jnp.zeros((8, 8)), 2)
+    with pytest.raises(ValueError, match=r"image of shape \(1, 9, 8\)"):
+        ea.data.patchify(jnp.zeros((1, 9, 8)), 2)
+    images = jnp.zeros((10, 1, 8, 8))
+    with pytest.raises(ValueError, match="cannot mask num_masked=20 patches"):
+        ea.models.train_inpainting(
+            model, images, key=getkey(), num_steps=1, num_masked=20, batch_size=2
+        )
+    with pytest.raises(
+        ValueError, match=r"images must have shape \(n, channels=1, height=8, width=8\)"
+    ):
+        ea.models.train_inpainting(model, images[:, 0], key=getkey(), num_steps=1, num_masked=2)
+
+
+def test_training_improves_held_out_inpainting():
+    train = jnp.asarray(ea.data.load_digits("train").images[:256, None])
+    test = jnp.asarray(ea.data.load_digits("test").images[:100, None])
+    model = tiny_model(jr.key(0))
+    settings = dict(num_masked=4, key=jr.key(2), mean_image=jnp.mean(train, axis=0))
+    before = ea.models.evaluate_inpainting(model, test, **settings)
+    trained = ea.models.train_inpainting(
+        model, train, key=jr.key(1), num_steps=60, num_masked=4, batch_size=16,
+        learning_rate=1e-2, progress=False,
+    )
+    after = ea.models.evaluate_inpainting(trained.model, test, **settings)
+    assert after["baseline_mse"] == before["baseline_mse"]  # same masks, same baseline
+    assert after["mse"] < 0.5 * before["mse"]
+    assert np.mean(trained.losses[-10:]) < np.mean(trained.losses[:10])
+
+
+def test_shipped_trained_model_beats_mean_patch_baseline():
+    """The demo's model (`python -m energyattn demo`, seed 0), saved as tests/fixtures/et_digits.npz:
+    on held-out digits with 4 of 16 patches masked its MSE is >= 30% below the baseline."""
+    model = ea.models.load_image_et(
+        FIXTURES / "et_digits.npz", image_shape=(1, 8, 8), patch_size=2, include_self=False
+    )
+    train = jnp.asarray(ea.data.load_digits("train").images[:, None])
+    test = jnp.asarray(ea.data.load_digits("test").images[:, None])
+    scores = ea.models.evaluate_inpainting(
+        model, test, num_masked=4, key=jr.key(7), mean_image=jnp.mean(train, axis=0)
+    )
+    print(scores)
+    assert scores["ratio"] <= 0.7
