@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--time-limit",
         type=_number(lambda v: v > 0, "> 0"),
-        default=160.0,
+        default=150.0,
         metavar="SECONDS",
         help="stop training after this many seconds (compilation included)",
     )

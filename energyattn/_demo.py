@@ -26,7 +26,7 @@ def run_demo(
     out_dir: str | pathlib.Path = "energyattn-demo",
     *,
     train_steps: int = 2000,
-    time_limit: float | None = 160.0,
+    time_limit: float | None = 150.0,
     masked_fraction: float = 0.25,
     batch_size: int = 64,
     learning_rate: float = 3e-3,
