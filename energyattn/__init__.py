@@ -6,7 +6,7 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 
 import importlib.metadata
 
-from . import data as data, models as models, nn as nn, viz as viz
+from . import data as data, models as models, nn as nn, spin as spin, viz as viz
 from ._energy import (
     AbstractEnergy as AbstractEnergy,
     AbstractHiddenPrior as AbstractHiddenPrior,

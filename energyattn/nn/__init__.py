@@ -6,3 +6,4 @@ from ._energy_transformer import (
 )
 from ._hopfield import HopfieldAttention as HopfieldAttention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
+from ._spin import VectorSpinAttention as VectorSpinAttention
