@@ -236,10 +236,17 @@ def masked_patch_mse(
     (0 when nothing is masked). Average it over a batch with `jax.vmap`.
     """
     mask = model._check_mask(mask)
-    error = jnp.square(model.patchify(model(image, mask)) - model.patchify(image))
-    per_patch = jnp.mean(error, axis=-1)
-    count = jnp.sum(mask)
-    return jnp.sum(jnp.where(mask, per_patch, 0.0)) / jnp.maximum(count, 1)
+    return masked_patch_error(model.patchify(model(image, mask)), model.patchify(image), mask)
+
+
+def masked_patch_error(
+    predicted: Float[Array, "patches patch_dim"],
+    target: Float[Array, "patches patch_dim"],
+    mask: Bool[Array, " patches"],
+) -> Scalar:
+    """Mean squared error over the pixels of the masked patches (0 when none is masked)."""
+    per_patch = jnp.mean(jnp.square(predicted - target), axis=-1)
+    return jnp.sum(jnp.where(mask, per_patch, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
 
 
 # The layout of the public Energy Transformer checkpoint (a plain dict of arrays).

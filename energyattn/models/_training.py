@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_positive, positive_int, shape_str
 from ..data._patches import random_patch_mask
-from ._image_et import ImageEnergyTransformer, masked_patch_mse
+from ._image_et import ImageEnergyTransformer, masked_patch_error, masked_patch_mse
 
 
 def make_optimizer(
@@ -329,8 +329,7 @@ def evaluate_inpainting(
         ours = jax.vmap(masked_patch_mse, in_axes=(None, 0, 0))(model, batch, masks)
 
         def baseline(image: Array, mask: Array) -> Array:
-            per_patch = jnp.mean(jnp.square(model.patchify(image) - mean_patches), axis=-1)
-            return jnp.sum(jnp.where(mask, per_patch, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+            return masked_patch_error(mean_patches, model.patchify(image), mask)
 
         return ours, jax.vmap(baseline)(batch, masks)
 
