@@ -21,6 +21,11 @@ class RESULTS(eqx.Enumeration):
         "tolerances, or pass `throw=False` to inspect the last iterate"
     )
     nonfinite = "the iterate or its residual became non-finite (NaN or inf)"
+    diverged = (
+        "the iteration diverged: its residual grew far above the smallest one seen; the map is "
+        "probably not a contraction (e.g. couplings with spectral radius above 1), so try "
+        "ea.Anderson, damping, or smaller couplings"
+    )
     infeasible = (
         "no feasible step: the iterate left the domain where the objective is defined (for "
         "example a matrix that should be positive definite is not) and backtracking could "

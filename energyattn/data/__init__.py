@@ -6,6 +6,7 @@ from ._corruption import (
     mask_entries as mask_entries,
 )
 from ._digits import Digits as Digits, load_digits as load_digits
+from ._mnist import Mnist as Mnist, load_mnist as load_mnist
 from ._patches import (
     patchify as patchify,
     random_patch_mask as random_patch_mask,

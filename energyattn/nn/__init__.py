@@ -5,5 +5,9 @@ from ._energy_transformer import (
     EnergyTransformer as EnergyTransformer,
 )
 from ._hopfield import HopfieldAttention as HopfieldAttention
+from ._mean_field import (
+    MeanFieldAttention as MeanFieldAttention,
+    MeanFieldTransformerBlock as MeanFieldTransformerBlock,
+)
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import VectorSpinAttention as VectorSpinAttention
