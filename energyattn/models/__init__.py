@@ -1,5 +1,10 @@
 """Task models with data, training and evaluation (unbatched; vmap for batches)."""
 
+from ._classifier import (
+    MeanFieldClassifier as MeanFieldClassifier,
+    evaluate_classifier as evaluate_classifier,
+    train_classifier as train_classifier,
+)
 from ._image_et import (
     ImageEnergyTransformer as ImageEnergyTransformer,
     load_image_et as load_image_et,

@@ -120,14 +120,11 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
     return tqdm(total=total, initial=initial, desc="training", unit="step")
 
 
-def _batch_loss(
-    params: PyTree,
-    static: PyTree,
-    step_key: PRNGKeyArray,
-    images: Array,
-    batch_size: int,
-    num_masked: int,
+def _inpainting_loss(
+    params: PyTree, static: PyTree, step_key: PRNGKeyArray, data: Any, config: tuple
 ) -> Array:
+    (images,) = data
+    batch_size, num_masked = config
     model = eqx.combine(params, static)
     pick_key, mask_key = jr.split(step_key)
     chosen = jr.choice(pick_key, images.shape[0], (batch_size,), replace=False)
@@ -144,16 +141,96 @@ def _train_step(
     static: PyTree,
     opt_state: PyTree,
     step_key: PRNGKeyArray,
-    images: Array,
+    data: Any,
     optimizer: optax.GradientTransformation,
-    batch_size: int,
-    num_masked: int,
+    loss_fn: Callable,
+    config: tuple,
 ) -> tuple[PyTree, PyTree, Array]:
-    loss, grads = jax.value_and_grad(_batch_loss)(
-        params, static, step_key, images, batch_size, num_masked
-    )
+    # Module-level and keyed on hashable arguments (a module-level `loss_fn`, a cached
+    # optimiser, a tuple of ints), so repeated training calls reuse one compilation.
+    loss, grads = jax.value_and_grad(loss_fn)(params, static, step_key, data, config)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
+
+
+def fit(
+    model: Any,
+    loss_fn: Callable,
+    data: Any,
+    config: tuple,
+    *,
+    key: PRNGKeyArray,
+    num_steps: int,
+    learning_rate: float,
+    warmup_steps: int | None,
+    weight_decay: float,
+    clip_norm: float,
+    checkpoint: str | Path | None,
+    checkpoint_every: int,
+    time_limit: float | None,
+    progress: bool,
+    callback: Callable[[int, float], None] | None,
+) -> TrainResult:
+    """The training loop every task model shares (see `train_inpainting` for the semantics):
+    `loss_fn(params, static, step_key, data, config)` is a module-level function giving the
+    loss of one step's batch, `config` a tuple of Python ints."""
+    num_steps = positive_int("num_steps", num_steps)
+    checkpoint_every = positive_int("checkpoint_every", checkpoint_every)
+    optimizer = make_optimizer(
+        learning_rate,
+        num_steps=num_steps,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        clip_norm=clip_norm,
+    )
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    opt_state = optimizer.init(params)
+    start = 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        params, opt_state, saved_step = load_checkpoint(
+            checkpoint, (params, opt_state, jnp.zeros((), jnp.int32))
+        )
+        start = int(saved_step)
+
+    def save(step: int) -> None:
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, (params, opt_state, jnp.asarray(step, jnp.int32)))
+
+    began = time.perf_counter()
+    bar = _progress(num_steps, start, progress)
+    losses: list[Array] = []
+    step = start
+    try:
+        while step < num_steps:
+            if time_limit is not None and time.perf_counter() - began > time_limit:
+                break
+            params, opt_state, loss = _train_step(
+                params, static, opt_state, jr.fold_in(key, step), data, optimizer, loss_fn, config
+            )
+            losses.append(loss)
+            step += 1
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{float(loss):.4f}")
+            if step % checkpoint_every == 0:
+                save(step)
+            if callback is not None:
+                callback(step, float(loss))
+    finally:
+        if bar is not None:
+            bar.close()
+    done = step
+    save(done)
+    history = jnp.stack(losses) if losses else jnp.zeros((0,))
+    if not bool(jnp.all(jnp.isfinite(history))):
+        raise FloatingPointError(
+            "training diverged: the loss became NaN or inf; lower the learning rate (or the "
+            "model's step size)"
+        )
+    return TrainResult(
+        model=eqx.combine(params, static), losses=history, step=done, finished=done == num_steps
+    )
 
 
 def train_inpainting(
@@ -215,74 +292,26 @@ def train_inpainting(
             f"images must have shape (n, channels={channels}, height={height}, width={width}), "
             f"got {shape_str(images.shape)}"
         )
-    num_steps = positive_int("num_steps", num_steps)
     batch_size = positive_int("batch_size", batch_size)
-    checkpoint_every = positive_int("checkpoint_every", checkpoint_every)
-    num_examples = images.shape[0]
-    if batch_size > num_examples:
-        raise ValueError(f"batch_size={batch_size} exceeds the {num_examples} training images")
+    if batch_size > images.shape[0]:
+        raise ValueError(f"batch_size={batch_size} exceeds the {images.shape[0]} training images")
     random_patch_mask(key, model.num_patches, num_masked)  # validates num_masked early
-    optimizer = make_optimizer(
-        learning_rate,
+    return fit(
+        model,
+        _inpainting_loss,
+        (images,),
+        (batch_size, num_masked),
+        key=key,
         num_steps=num_steps,
+        learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,
         clip_norm=clip_norm,
-    )
-    params, static = eqx.partition(model, eqx.is_inexact_array)
-    opt_state = optimizer.init(params)
-    start = 0
-    if checkpoint is not None and Path(checkpoint).exists():
-        params, opt_state, saved_step = load_checkpoint(
-            checkpoint, (params, opt_state, jnp.zeros((), jnp.int32))
-        )
-        start = int(saved_step)
-
-    def save(step: int) -> None:
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, (params, opt_state, jnp.asarray(step, jnp.int32)))
-
-    began = time.perf_counter()
-    bar = _progress(num_steps, start, progress)
-    losses: list[Array] = []
-    step = start
-    try:
-        while step < num_steps:
-            if time_limit is not None and time.perf_counter() - began > time_limit:
-                break
-            params, opt_state, loss = _train_step(
-                params,
-                static,
-                opt_state,
-                jr.fold_in(key, step),
-                images,
-                optimizer,
-                batch_size,
-                num_masked,
-            )
-            losses.append(loss)
-            step += 1
-            if bar is not None:
-                bar.update(1)
-                if step % 10 == 0:
-                    bar.set_postfix(loss=f"{float(loss):.4f}")
-            if step % checkpoint_every == 0:
-                save(step)
-            if callback is not None:
-                callback(step, float(loss))
-    finally:
-        if bar is not None:
-            bar.close()
-    done = step
-    save(done)
-    history = jnp.stack(losses) if losses else jnp.zeros((0,))
-    if not bool(jnp.all(jnp.isfinite(history))):
-        raise FloatingPointError(
-            "training diverged: the loss became NaN or inf; lower the learning rate or the "
-            "descent step size"
-        )
-    return TrainResult(
-        model=eqx.combine(params, static), losses=history, step=done, finished=done == num_steps
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        time_limit=time_limit,
+        progress=progress,
+        callback=callback,
     )
 
 
