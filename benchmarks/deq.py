@@ -65,7 +65,7 @@ def make_layer(num_spins: int, dim: int, scale: float, symmetric: bool, **kwargs
     layer = ea.nn.MeanFieldAttention(
         num_spins, dim, sym_internal=symmetric, sym_sites=symmetric, key=jr.key(0), **kwargs
     )
-    return eqx.tree_at(lambda l: l.weight, layer, layer.weight * scale)
+    return eqx.tree_at(lambda m: m.weight, layer, layer.weight * scale)
 
 
 def jacobian_radius(layer, z, x) -> float:
@@ -87,7 +87,7 @@ def run_solvers(num_spins, dim, scale, symmetric, repeats, note) -> list[dict]:
 
     def forward(solver):
         def fn(params, x):
-            layer = eqx.tree_at(lambda l: l.solver, eqx.combine(params, static), solver)
+            layer = eqx.tree_at(lambda m: m.solver, eqx.combine(params, static), solver)
             return jax.vmap(layer.solve)(x)
 
         return fn
@@ -193,7 +193,9 @@ def run_backward(max_steps: int, repeats: int, note: str) -> list[dict]:
         compiled = jax.jit(fn).lower(params, x).compile()  # cached: compiled by `interleaved`
         memory[name] = compiled.memory_analysis()
         results[name] = compiled(params, x)
-    flat = {n: jnp.concatenate([g.ravel() for g in jax.tree.leaves(r[1])]) for n, r in results.items()}
+    flat = {
+        n: jnp.concatenate([g.ravel() for g in jax.tree.leaves(r[1])]) for n, r in results.items()
+    }
     ref = flat["implicit"]
     rows = []
     for name in fns:
@@ -252,24 +254,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="solvers: N = 17 only, scales 1 and 3; backward: max_steps 10 and 40; 5 repeats",
+        help="solvers: N = 17, random x1 and symmetric x2 only; backward: max_steps 10 and 40; "
+        "5 repeats",
     )
     parser.add_argument("--repeats", type=int, help="timed repeats per case (median reported)")
     parser.add_argument("--note", default="", help="free text stored with each row")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (5 if args.quick else 7)
-    sizes = [(17, 8)] if args.quick else [(17, 8), (64, 16)]
-    scales = [1.0, 3.0] if args.quick else [1.0, 2.0, 3.0]
+    repeats = args.repeats or (5 if args.quick else 9)
+    if args.quick:
+        cases = [(False, 17, 8, 1.0), (True, 17, 8, 2.0)]
+    else:
+        cases = [
+            (symmetric, num_spins, dim, scale)
+            for symmetric in (False, True)
+            for num_spins, dim in [(17, 8), (64, 16)]
+            for scale in [1.0, 2.0, 3.0]
+        ]
     backward_steps = [10, 40] if args.quick else [10, 20, 40, 80]
     rows = []
     print(f"Anderson vs Picard: batch {BATCH}, rtol {RTOL}, atol {ATOL}, max_steps {MAX_STEPS}")
     print("steps mean/max, converged, median forward time")
-    for symmetric in (False, True):
-        for num_spins, dim in sizes:
-            for scale in scales:
-                new = run_solvers(num_spins, dim, scale, symmetric, repeats, args.note)
-                rows.extend(new)
-                report_solvers(new)
+    for symmetric, num_spins, dim, scale in cases:
+        new = run_solvers(num_spins, dim, scale, symmetric, repeats, args.note)
+        rows.extend(new)
+        report_solvers(new)
     n, d = BACKWARD_SIZE
     print(f"\nBackward through ea.fixed_point: N={n} d={d}, batch {BACKWARD_BATCH}, Anderson")
     for max_steps in backward_steps:

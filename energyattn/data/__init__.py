@@ -1,4 +1,4 @@
-"""Data shipped with energyattn's dependencies (scikit-learn's 8x8 digits) and corruptions."""
+"""Data: scikit-learn's shipped 8x8 digits, MNIST files the user provides, patches, corruptions."""
 
 from ._corruption import (
     add_gaussian_noise as add_gaussian_noise,
