@@ -33,7 +33,6 @@ def _dense(J):
 def _neural_layer(F, **kwargs):
     n, d = F["x"].shape[1:]
     layer = ea.nn.MeanFieldAttention(n, d, key=jr.key(0), **{**TIGHT, **kwargs})
-    first, second = layer.correction.layers
     return eqx.tree_at(
         lambda m: (
             m.weight,
