@@ -40,7 +40,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._checks import check_positive, concrete_value, positive_int
 from .._custom_types import State
-from ._descend import check_state
+from ._descend import check_energy_output, check_state
 from ._solution import RESULTS, Solution, finish
 
 Flat = Float[Array, " n"]
@@ -603,7 +603,6 @@ def minimise(
         M. Bal, *Deep Implicit Attention* (2021) and *Attention as Energy Minimization*
         (2021): attention as the response of a system that settles into its energy minimum.
     """
-    from ._descend import check_energy_output
 
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
