@@ -442,3 +442,57 @@ def plot_spin_landscape(
     ax.set_aspect("equal")
     ax.legend(fontsize=8, loc="upper right")
     return _save(figure, path, title, fontsize=11)
+
+
+def plot_curves(
+    panels: dict[str, dict[str, Any]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str = "iteration t",
+    ylabel: str = "MSE",
+    title: str | None = None,
+    logy: bool = False,
+) -> pathlib.Path:
+    """Write a PNG with one panel per entry of `panels`, each holding labelled curves.
+
+    A curve's value $t$ is drawn at $x = t$. A curve of a single value is drawn as a dashed
+    horizontal line (a model that is not iterated, or a reference level).
+
+    **Arguments:**
+
+    - `panels`: an ordered dict mapping each panel's title to an ordered dict of
+      label -> values of shape `(steps,)`.
+    - `path`: the file to write.
+    - `xlabel`, `ylabel`, `title`: labels.
+    - `logy`: logarithmic y axis.
+
+    **Returns:**
+
+    `path`, as a `pathlib.Path`.
+    """
+    if not isinstance(panels, dict) or not panels:
+        raise ValueError("panels must be a non-empty dict of title -> {label: values}")
+    checked = {
+        name: _check_named_arrays(f"panels[{name!r}]", curves, 1, "steps")
+        for name, curves in panels.items()
+    }
+    from matplotlib.ticker import MaxNLocator
+
+    figure = _figure(figsize=(1.0 + 4.2 * len(checked), 3.6))
+    axes = figure.subplots(1, len(checked), squeeze=False)[0]
+    for ax, (name, curves) in zip(axes, checked.items(), strict=True):
+        longest = max(values.shape[0] for values in curves.values())
+        for label, values in curves.items():
+            if values.shape[0] == 1:
+                ax.plot([0, max(longest - 1, 1)], [values[0], values[0]], "--", label=label)
+            else:
+                ax.plot(np.arange(values.shape[0]), values, marker="o", markersize=2.5, label=label)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(figure, path, title, fontsize=11)

@@ -21,6 +21,13 @@ from ._lagrangian import (
     layer_norm_lagrangian as layer_norm_lagrangian,
     legendre_energy as legendre_energy,
 )
+from ._local import (
+    LocalAttentionEnergy as LocalAttentionEnergy,
+    local_energies as local_energies,
+    local_energy as local_energy,
+    project_couplings as project_couplings,
+    pseudo_likelihood_energy as pseudo_likelihood_energy,
+)
 from ._mean_field import (
     GaussianSpinEnergy as GaussianSpinEnergy,
     apply_couplings as apply_couplings,

@@ -10,5 +10,6 @@ from ._fixed_point import (
     fixed_point as fixed_point,
     minimise as minimise,
 )
+from ._local import local_forces as local_forces
 from ._sign import sign_descend as sign_descend
 from ._solution import RESULTS as RESULTS, Solution as Solution

@@ -2,6 +2,7 @@
 
 from ._corruption import (
     add_gaussian_noise as add_gaussian_noise,
+    add_rescaled_noise as add_rescaled_noise,
     flip_signs as flip_signs,
     mask_entries as mask_entries,
 )
@@ -11,4 +12,9 @@ from ._patches import (
     patchify as patchify,
     random_patch_mask as random_patch_mask,
     unpatchify as unpatchify,
+)
+from ._spin_tokens import (
+    SpinPatchEmbedding as SpinPatchEmbedding,
+    pixels_to_spins as pixels_to_spins,
+    spins_to_pixels as spins_to_pixels,
 )

@@ -130,3 +130,38 @@ def add_gaussian_noise(
     variance = check_values("variance", variance, lambda v: v >= 0, ">= 0")
     noise = jr.normal(key, x.shape, dtype=x.dtype)
     return x + jnp.sqrt(variance).astype(x.dtype) * noise
+
+
+def add_rescaled_noise(
+    image: Float[ArrayLike, "*shape"],
+    variance: float | int | Float[ArrayLike, ""] = 0.7,
+    *,
+    key: PRNGKeyArray,
+) -> Float[Array, "*shape"]:
+    r"""The attractor paper's denoising corruption: Gaussian noise, then the original spread.
+
+    $$\tilde x = x + \sigma\varepsilon,\qquad
+      x' = \operatorname{clip}_{[0,1]}\Bigl(\bar x + (\tilde x - \bar{\tilde x})
+      \frac{\operatorname{std}(x)}{\operatorname{std}(\tilde x)}\Bigr)$$
+
+    The noisy image is shifted and rescaled so that its mean and variance (over all its
+    pixels) are those of the clean image, then clipped to $[0, 1]$ so that it is again a
+    valid image for [`SpinPatchEmbedding`][energyattn.data.SpinPatchEmbedding] (the clip is
+    ours; the paper does not say how it kept pixels in range). A constant image (zero
+    variance) stays constant.
+
+    **Arguments:**
+
+    - `image`: one image with pixels in $[0, 1]$ (any shape).
+    - `variance`: $\sigma^2 \ge 0$ of the added noise (0.7 in the paper).
+    - `key`: PRNG key for the noise.
+
+    **Returns:**
+
+    An array of the same shape and dtype as `image`, with values in $[0, 1]$.
+    """
+    image = check_values("image", image, lambda p: (p >= 0) & (p <= 1), "in [0, 1]")
+    noisy = add_gaussian_noise(image, variance, key=key)
+    spread = jnp.std(noisy)
+    scale = jnp.where(spread > 0, jnp.std(image) / jnp.where(spread > 0, spread, 1.0), 0.0)
+    return jnp.clip(jnp.mean(image) + (noisy - jnp.mean(noisy)) * scale, 0.0, 1.0)

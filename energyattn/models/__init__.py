@@ -1,5 +1,11 @@
 """Task models with data, training and evaluation (unbatched; vmap for batches)."""
 
+from ._attractor import (
+    AttractorImageModel as AttractorImageModel,
+    corrupt_image as corrupt_image,
+    reconstruction_curves as reconstruction_curves,
+    train_attractor as train_attractor,
+)
 from ._classifier import (
     MeanFieldClassifier as MeanFieldClassifier,
     evaluate_classifier as evaluate_classifier,
@@ -18,4 +24,9 @@ from ._training import (
     make_optimizer as make_optimizer,
     save_checkpoint as save_checkpoint,
     train_inpainting as train_inpainting,
+)
+from ._vit import (
+    PatchTransformer as PatchTransformer,
+    TransformerBlock as TransformerBlock,
+    train_reconstruction as train_reconstruction,
 )

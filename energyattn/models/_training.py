@@ -145,12 +145,16 @@ def _train_step(
     optimizer: optax.GradientTransformation,
     loss_fn: Callable,
     config: tuple,
+    project: Callable | None = None,
 ) -> tuple[PyTree, PyTree, Array]:
-    # Module-level and keyed on hashable arguments (a module-level `loss_fn`, a cached
-    # optimiser, a tuple of ints), so repeated training calls reuse one compilation.
+    # Module-level and keyed on hashable arguments (a module-level `loss_fn` and `project`, a
+    # cached optimiser, a tuple of numbers), so repeated training calls reuse one compilation.
     loss, grads = jax.value_and_grad(loss_fn)(params, static, step_key, data, config)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+    params = optax.apply_updates(params, updates)
+    if project is not None:
+        params = project(params, static)
+    return params, opt_state, loss
 
 
 def fit(
@@ -170,10 +174,13 @@ def fit(
     time_limit: float | None,
     progress: bool,
     callback: Callable[[int, float], None] | None,
+    project: Callable | None = None,
 ) -> TrainResult:
     """The training loop every task model shares (see `train_inpainting` for the semantics):
     `loss_fn(params, static, step_key, data, config)` is a module-level function giving the
-    loss of one step's batch, `config` a tuple of Python ints."""
+    loss of one step's batch, `config` a tuple of Python numbers. `project(params, static)`,
+    also module-level, maps the parameters back onto their constraint set after every
+    optimiser step (projected gradient descent)."""
     num_steps = positive_int("num_steps", num_steps)
     checkpoint_every = positive_int("checkpoint_every", checkpoint_every)
     optimizer = make_optimizer(
@@ -205,7 +212,15 @@ def fit(
             if time_limit is not None and time.perf_counter() - began > time_limit:
                 break
             params, opt_state, loss = _train_step(
-                params, static, opt_state, jr.fold_in(key, step), data, optimizer, loss_fn, config
+                params,
+                static,
+                opt_state,
+                jr.fold_in(key, step),
+                data,
+                optimizer,
+                loss_fn,
+                config,
+                project,
             )
             losses.append(loss)
             step += 1

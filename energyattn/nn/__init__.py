@@ -1,5 +1,9 @@
 """Attention layers (unbatched Equinox modules; use `jax.vmap` for batches)."""
 
+from ._attractor import (
+    AttractorAttention as AttractorAttention,
+    normalise_tokens as normalise_tokens,
+)
 from ._energy_transformer import (
     EnergyLayerNorm as EnergyLayerNorm,
     EnergyTransformer as EnergyTransformer,
