@@ -224,6 +224,12 @@ def _parser() -> argparse.ArgumentParser:
         help="iterations of the recurrent models at evaluation",
     )
     attractor.add_argument("--patch-size", type=int, choices=(2, 4), default=2)
+    attractor.add_argument(
+        "--tasks", nargs="+", choices=("masked", "denoise"), default=["masked", "denoise"]
+    )
+    attractor.add_argument(
+        "--no-baselines", action="store_true", help="train and evaluate the attractor only"
+    )
     attractor.add_argument("--seed", type=int, default=0)
     attractor.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     attractor.set_defaults(run=lambda args: _attractor(args, attractor))
@@ -240,6 +246,8 @@ def _attractor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
             baseline_steps=args.baseline_steps,
             num_iterations=args.iterations,
             patch_size=args.patch_size,
+            tasks=tuple(args.tasks),
+            baselines=not args.no_baselines,
             seed=args.seed,
             progress=lambda line: print(f"  {line}", flush=True),
             progress_bar=not args.no_progress,

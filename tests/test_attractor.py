@@ -1,6 +1,8 @@
 """Self-attention as an attractor network (D'Amico & Negri 2024): token-local energies, local
 forces, the dynamics, the spin embedding of images, pseudo-likelihood training, the tasks."""
 
+import json
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -407,3 +409,55 @@ def test_baselines_train_and_iterate(getkey):
             max_iterations=1,
             progress=False,
         )
+
+
+# --- the command line and the figure -----------------------------------------------------
+
+
+def test_cli_attractor_end_to_end(tmp_path, capsys):
+    from matplotlib import image as matplotlib_image
+
+    from energyattn._cli import main
+
+    base = ["attractor", "--train-steps", "3", "--iterations", "3", "--no-progress"]
+    # Denoising with both baselines, then masked prediction with the attractor alone.
+    runs = {
+        "denoise": ["--tasks", "denoise", "--baseline-steps", "2"],
+        "masked": ["--tasks", "masked", "--no-baselines"],
+    }
+    for task, extra in runs.items():
+        out = tmp_path / task
+        assert main([*base, "--out", str(out), *extra]) == 0
+        printed = capsys.readouterr().out
+        models = json.loads((out / "metrics.json").read_text())["tasks"][task]
+        expected = {"bare self-attention (attractor)"}
+        if task == "denoise":
+            expected |= {"recycled transformer block", "5-layer ViT"}
+            assert len(models["5-layer ViT"]["curve"]) == 2
+        assert set(models) == expected
+        attractor = models["bare self-attention (attractor)"]
+        assert len(attractor["curve"]) == 4
+        assert attractor["best"] == min(attractor["curve"][1:])
+        assert f"{attractor['best']:.4f}" in printed
+        assert ("masked_region" in attractor) == (task == "masked")
+        for name in ("mse_vs_iteration.png", f"reconstructions_{task}.png"):
+            image = matplotlib_image.imread(out / name)
+            assert image.ndim == 3 and image.std() > 0.05
+    with pytest.raises(SystemExit):
+        main(["attractor", "--patch-size", "3", "--out", str(tmp_path)])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_plot_curves(tmp_path):
+    from energyattn import viz
+
+    path = viz.plot_curves(
+        {"a": {"iterated": np.linspace(1, 0, 5), "once": np.array([0.3])}, "b": {"x": [1, 2]}},
+        tmp_path / "curves.png",
+        logy=True,
+    )
+    assert path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="non-empty dict"):
+        viz.plot_curves({}, tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"must have shape \(steps\)"):
+        viz.plot_curves({"a": {"x": np.zeros((2, 2))}}, tmp_path / "x.png")

@@ -336,7 +336,7 @@ def reconstruction_curves(
     - `"mse"`: mean over images and all pixels;
     - `"masked_mse"` (task `"masked"` only): mean over the pixels of the masked patches (the
       prediction error proper; at $t=0$ those pixels are zero);
-    - and `"examples"`: the first 8 images' reconstructions, shape `(T+1, 8, c, h, w)`.
+    - and `"examples"`: the first 8 images' reconstructions, shape `(8, T+1, c, h, w)`.
     """
     task = _check_task(task)
     images = _check_images(images, model.image_shape)
@@ -344,8 +344,8 @@ def reconstruction_curves(
     patch_size = model.patch_size
 
     @eqx.filter_jit
-    def batch_errors(model: Any, batch: Array, indices: Array) -> tuple[Array, Array, Array]:
-        def one(image: Array, index: Array) -> tuple[Array, Array, Array]:
+    def batch_errors(model: Any, batch: Array, indices: Array) -> tuple[Array, ...]:
+        def one(image: Array, index: Array) -> tuple[Array, ...]:
             corrupted, mask = corrupt_image(
                 image,
                 task,
@@ -364,36 +364,27 @@ def reconstruction_curves(
                 patch_size,
             )
             masked_sum = jnp.sum(errors * pixel_mask[None], axis=(1, 2, 3))
-            return jnp.mean(errors, axis=(1, 2, 3)), masked_sum, jnp.sum(pixel_mask)
+            return jnp.mean(errors, axis=(1, 2, 3)), masked_sum, jnp.sum(pixel_mask), states
 
         return jax.vmap(one)(batch, indices)
 
+    # Every call has the same shapes (the last batch is padded), so it compiles once.
+    num_images = images.shape[0]
+    batch_size = min(positive_int("batch_size", batch_size), num_images)
     mse, masked_sum, masked_count, examples = [], [], [], None
-    for start in range(0, images.shape[0], batch_size):
-        batch = images[start : start + batch_size]
-        a, b, c = batch_errors(model, batch, jnp.arange(start, start + batch.shape[0]))
-        mse.append(np.asarray(a))
-        masked_sum.append(np.asarray(b))
-        masked_count.append(np.asarray(c))
-    first = images[:8]
-    examples = eqx.filter_jit(
-        jax.vmap(
-            lambda image, index: model.reconstruct(
-                *corrupt_image(
-                    image,
-                    task,
-                    patch_size=patch_size,
-                    key=jr.fold_in(key, index),
-                    mask_fraction=mask_fraction,
-                    noise_variance=noise_variance,
-                ),
-                num_steps,
-            )
-        )
-    )(first, jnp.arange(first.shape[0]))
+    for start in range(0, num_images, batch_size):
+        indices = jnp.arange(start, start + batch_size)
+        batch = images[jnp.minimum(indices, num_images - 1)]
+        a, b, c, states = batch_errors(model, batch, indices)
+        keep = min(batch_size, num_images - start)
+        mse.append(np.asarray(a)[:keep])
+        masked_sum.append(np.asarray(b)[:keep])
+        masked_count.append(np.asarray(c)[:keep])
+        if examples is None:
+            examples = np.asarray(states[: min(8, keep)])
     out = {
         "mse": np.concatenate(mse).mean(axis=0),
-        "examples": np.swapaxes(np.asarray(examples), 0, 1),
+        "examples": examples,
     }
     if task == "masked":
         out["masked_mse"] = (

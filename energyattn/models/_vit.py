@@ -81,7 +81,7 @@ class PatchTransformer(eqx.Module):
 
     embed: eqx.nn.Linear
     positions: Float[Array, "N dim"]
-    blocks: tuple[TransformerBlock, ...]
+    blocks: TransformerBlock  # `depth` blocks stacked along a leading axis of every array
     unembed: eqx.nn.Linear
     image_shape: tuple[int, int, int] = eqx.field(static=True)
     patch_size: int = eqx.field(static=True)
@@ -107,7 +107,11 @@ class PatchTransformer(eqx.Module):
         self.embed = eqx.nn.Linear(patch_dim, dim, key=keys[0])
         self.positions = 0.02 * jr.normal(keys[1], (num_tokens, dim))
         self.unembed = eqx.nn.Linear(dim, patch_dim, key=keys[2])
-        self.blocks = tuple(TransformerBlock(dim, num_heads, hidden, key=k) for k in keys[3:])
+        # Stacked and applied with `lax.scan`, so a deep model compiles one block.
+        blocks = [TransformerBlock(dim, num_heads, hidden, key=k) for k in keys[3:]]
+        weights = [eqx.filter(block, eqx.is_array) for block in blocks]
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *weights)
+        self.blocks = eqx.combine(stacked, eqx.filter(blocks[0], eqx.is_array, inverse=True))
 
     def _embed(self, image: Array) -> Array:
         return jax.vmap(self.embed)(patchify(image, self.patch_size)) + self.positions
@@ -116,9 +120,18 @@ class PatchTransformer(eqx.Module):
         patches = jax.vmap(self.unembed)(z - self.positions)
         return unpatchify(patches, self.image_shape, self.patch_size)
 
+    @property
+    def depth(self) -> int:
+        """Blocks per iteration."""
+        return jax.tree.leaves(self.blocks)[0].shape[0]
+
     def _blocks(self, z: Array) -> Array:
-        for block in self.blocks:
-            z = block(z)
+        weights, structure = eqx.partition(self.blocks, eqx.is_array)
+
+        def body(z: Array, block_weights: PyTree) -> tuple[Array, None]:
+            return eqx.combine(block_weights, structure)(z), None
+
+        z, _ = jax.lax.scan(body, z, weights)
         return z
 
     def __call__(
