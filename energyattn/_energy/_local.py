@@ -111,7 +111,6 @@ def local_energies(
     """
     couplings = check_local_couplings(couplings)
     x = _check_state(x, couplings)
-    check_positive("lam", lam)
     index = jnp.arange(couplings.shape[0])
     return jax.vmap(lambda xi, i: local_energy(xi, x, i, couplings, lam=lam))(x, index)
 

@@ -1,5 +1,6 @@
 """Self-attention as an attractor network: each token descends its own local energy."""
 
+import functools
 from typing import Any, Literal
 
 import equinox as eqx
@@ -155,10 +156,7 @@ class AttractorAttention(eqx.Module):
         return pseudo_likelihood_energy(self._check(x), self.couplings, lam=self._lam(lam))
 
     def _forces(self, x: Array, lam: ScalarLike | None) -> Array:
-        lam = self._lam(lam)
-        return local_forces(
-            lambda x_i, ctx, i: local_energy(x_i, ctx, i, self.couplings, lam=lam), x
-        )
+        return local_forces(functools.partial(self.local_energy, lam=lam), x)
 
     def _step(self, x: Array, lam: ScalarLike | None) -> Array:
         update = self._forces(x, lam) + self.gamma * x
@@ -195,9 +193,6 @@ class AttractorAttention(eqx.Module):
         num_steps = (
             self.num_steps if num_steps is None else positive_int("num_steps", num_steps, minimum=0)
         )
-
-        if lam is not None:
-            lam = check_positive("lam", lam)
 
         def body(state: Array, _: None) -> tuple[Array, Array]:
             new = self._step(state, lam)
