@@ -8,6 +8,7 @@ import importlib.metadata
 
 from . import data as data, models as models, nn as nn, spin as spin, viz as viz
 from ._energy import (
+    BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     AbstractEnergy as AbstractEnergy,
     AbstractHiddenPrior as AbstractHiddenPrior,
     BernoulliPrior as BernoulliPrior,
@@ -32,6 +33,7 @@ from ._energy import (
     TransformerMemoryEnergy as TransformerMemoryEnergy,
     apply_couplings as apply_couplings,
     attention_couplings as attention_couplings,
+    attention_logsumexp as attention_logsumexp,
     classical_hopfield_energy as classical_hopfield_energy,
     cumulant as cumulant,
     dense_hopfield_energy as dense_hopfield_energy,
@@ -49,6 +51,7 @@ from ._energy import (
     pseudo_likelihood_energy as pseudo_likelihood_energy,
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
+    select_implementation as select_implementation,
     tap_cavity_variances as tap_cavity_variances,
     tap_mean_field as tap_mean_field,
     tap_spin_means as tap_spin_means,

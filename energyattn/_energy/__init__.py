@@ -1,3 +1,8 @@
+from ._attention_lse import (
+    BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
+    attention_logsumexp as attention_logsumexp,
+    select_implementation as select_implementation,
+)
 from ._base import (
     AbstractEnergy as AbstractEnergy,
     FunctionEnergy as FunctionEnergy,

@@ -4,38 +4,20 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
+from ._attention_lse import (
+    Implementation,
+    check_implementation,
+    lse_rows,
+    resolve_block_size,
+    select_implementation,
+)
 from ._base import AbstractEnergy
-
-
-def _masked_logsumexp(
-    a: Float[Array, "seq mem"], mask: Bool[Array, "seq mem"] | None
-) -> Float[Array, " seq"]:
-    """Row-wise log-sum-exp over the entries where `mask` is True.
-
-    Masked entries drop out exactly (they contribute `exp(-inf) = 0`, not a large negative
-    number), and neither their values nor their gradients can reach the result. A row with
-    no entry left is a sum over the empty set; its log would be `-inf`, and we define it as 0
-    so that energies stay finite and the force on that row vanishes.
-    """
-    if mask is None:
-        return jax.nn.logsumexp(a, axis=-1)
-    nonempty = jnp.any(mask, axis=-1)
-    shift = jnp.max(jnp.where(mask, a, -jnp.inf), axis=-1, keepdims=True)
-    # The log-sum-exp does not depend on the shift, so no gradient needs to flow through it.
-    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
-    # Double `where`: masked entries are replaced before `exp`, so a NaN/inf hiding in a masked
-    # score can poison neither the value nor the gradient.
-    terms = jnp.where(mask, jnp.exp(jnp.where(mask, a, shift) - shift), 0.0)
-    total = jnp.sum(terms, axis=-1)
-    lse = jnp.log(jnp.where(nonempty, total, 1.0)) + shift[:, 0]
-    return jnp.where(nonempty, lse, 0.0)
 
 
 def hopfield_energy(
@@ -44,6 +26,8 @@ def hopfield_energy(
     *,
     beta: ScalarLike = 1.0,
     mask: Bool[ArrayLike, "seq mem"] | None = None,
+    implementation: Implementation = "auto",
+    block_size: int | None = None,
 ) -> Scalar:
     r"""Log-sum-exp energy of modern continuous Hopfield networks.
 
@@ -62,12 +46,21 @@ def hopfield_energy(
     are accumulated in at least float32 (bfloat16 inputs work). A NaN in an unmasked entry gives
     a NaN energy; `descend` and the layers check for it.
 
+    Above $2^{20}$ score entries (seq x mem) the log-sum-exp is computed blockwise by
+    [`attention_logsumexp`][energyattn.attention_logsumexp]: same value and gradient, but the
+    gradient (the attention update) never holds the `(seq, mem)` matrix, so it scales to long
+    sequences; on NVIDIA GPUs with half-precision inputs it runs through cuDNN's fused
+    attention.
+
     **Arguments:**
 
     - `query`: state patterns $Q$, shape `(seq, dim)`.
     - `memory`: stored patterns $M$, shape `(mem, dim)`.
     - `beta`: inverse temperature $\beta > 0$ (attention's `scale`, usually $1/\sqrt{d}$).
     - `mask`: optional boolean `(seq, mem)`; `True` where query $i$ may attend to memory $j$.
+    - `implementation`: `"auto"`, `"naive"`, `"blockwise"` or `"cudnn"`, as in
+      [`attention_logsumexp`][energyattn.attention_logsumexp].
+    - `block_size`: keys per block of the blockwise path (default 256).
 
     **Returns:**
 
@@ -91,10 +84,16 @@ def hopfield_energy(
         # from garbage padding would reach the queries' gradient.
         attended = jnp.any(mask, axis=0)
         memory = jnp.where(attended[:, None], memory, jnp.zeros((), memory.dtype))
+    method = select_implementation(
+        implementation,
+        entries=query.shape[0] * memory.shape[0],
+        dtype=jnp.result_type(query, memory),
+        head_dim=query.shape[1],
+        structured_mask=mask is not None,
+    )
     acc = jnp.promote_types(jnp.result_type(query, memory), jnp.float32)
     beta = beta.astype(acc)
-    scores = jnp.einsum("sd,md->sm", query, memory, preferred_element_type=acc)
-    lse = _masked_logsumexp(beta * scores, mask)
+    lse = lse_rows(query, memory, beta, mask, False, method, resolve_block_size(block_size))
     quadratic = 0.5 * jnp.sum(jnp.square(query.astype(acc)))
     return quadratic - jnp.sum(lse) / beta
 
@@ -115,6 +114,8 @@ class HopfieldEnergy(AbstractEnergy):
     - `memory`: stored patterns, shape `(mem, dim)`.
     - `beta`: inverse temperature (> 0).
     - `mask`: optional boolean `(seq, mem)` mask for the states this energy will be called on.
+    - `implementation`, `block_size`: how the log-sum-exp is computed, as in
+      [`hopfield_energy`][energyattn.hopfield_energy].
 
     ??? cite "Source"
 
@@ -124,6 +125,8 @@ class HopfieldEnergy(AbstractEnergy):
     memory: Float[Array, "mem dim"]
     beta: Float[Array, ""]
     mask: Bool[Array, "seq mem"] | None
+    implementation: str = eqx.field(static=True)
+    block_size: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -131,6 +134,8 @@ class HopfieldEnergy(AbstractEnergy):
         *,
         beta: ScalarLike = 1.0,
         mask: Bool[ArrayLike, "seq mem"] | None = None,
+        implementation: Implementation = "auto",
+        block_size: int | None = None,
     ):
         check_shape("memory", memory, "mem dim")
         self.memory = jnp.asarray(memory)
@@ -138,9 +143,18 @@ class HopfieldEnergy(AbstractEnergy):
         if mask is not None:
             mask = check_mask(mask, (None, self.memory.shape[0]), "seq mem")
         self.mask = mask
+        self.implementation = check_implementation(implementation)
+        self.block_size = None if block_size is None else resolve_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
-        return hopfield_energy(x, self.memory, beta=self.beta, mask=self.mask)
+        return hopfield_energy(
+            x,
+            self.memory,
+            beta=self.beta,
+            mask=self.mask,
+            implementation=self.implementation,
+            block_size=self.block_size,
+        )
 
 
 def hebbian_weights(

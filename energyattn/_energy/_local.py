@@ -9,8 +9,8 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._checks import check_finite, check_positive, check_shape, shape_str
 from .._custom_types import Scalar, ScalarLike
+from ._attention_lse import masked_logsumexp
 from ._base import AbstractEnergy
-from ._hopfield import _masked_logsumexp
 
 
 def check_local_couplings(
@@ -96,7 +96,7 @@ def local_energy(
     row = jnp.take(couplings, i, axis=0)  # (N, d, d): J_ij for all j
     row = jnp.where(others[:, None, None], row, jnp.zeros((), row.dtype))
     scores = jnp.einsum("d,jde,je->j", x_i, row, x, preferred_element_type=acc)
-    lse = _masked_logsumexp((lam.astype(acc) * scores)[None], others[None])[0]
+    lse = masked_logsumexp((lam.astype(acc) * scores)[None], others[None])[0]
     return -lse / lam.astype(acc)
 
 

@@ -9,8 +9,14 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
+from ._attention_lse import (
+    Implementation,
+    check_implementation,
+    lse_rows,
+    resolve_block_size,
+    select_implementation,
+)
 from ._base import AbstractEnergy
-from ._hopfield import _masked_logsumexp
 
 MemoryKind = Literal["relu", "softmax"]
 
@@ -28,6 +34,8 @@ def transformer_attention_energy(
     beta: ScalarLike,
     mask: Bool[ArrayLike, "seq seq"] | None = None,
     include_self: bool = False,
+    implementation: Implementation = "auto",
+    block_size: int | None = None,
 ) -> Scalar:
     r"""The Energy Transformer's multi-head attention energy.
 
@@ -51,6 +59,11 @@ def transformer_attention_energy(
     - `mask`: optional boolean `(seq, seq)`; `mask[C, B]` is `True` where token $C$ may attend
       to token $B$.
     - `include_self`: also sum over $B = C$ (the released ImageNet weights were trained so).
+    - `implementation`: `"auto"` (blockwise above $2^{20}$ score entries, heads x seq x seq),
+      `"naive"` or `"blockwise"`, as in
+      [`attention_logsumexp`][energyattn.attention_logsumexp]: the blockwise path never holds
+      a `(seq, seq)` matrix, and excludes the diagonal without building a mask.
+    - `block_size`: keys per block of the blockwise path (default 256).
 
     **Returns:**
 
@@ -70,17 +83,27 @@ def transformer_attention_energy(
             f"{tuple(jnp.shape(w_query))} and {tuple(jnp.shape(w_key))}"
         )
     beta = check_positive("beta", beta)
-    allowed = None if include_self else ~jnp.eye(seq, dtype=bool)
     if mask is not None:
         mask = check_mask(mask, (seq, seq), "seq seq")
-        allowed = mask if allowed is None else allowed & mask
+    heads, head_dim, _ = jnp.shape(w_query)
+    method = select_implementation(
+        implementation,
+        entries=heads * seq * seq,
+        dtype=jnp.result_type(g, w_query, w_key),
+        head_dim=head_dim,
+        structured_mask=mask is not None or not include_self,
+    )
     g, w_query, w_key = jnp.asarray(g), jnp.asarray(w_query), jnp.asarray(w_key)
     acc = _accumulation_dtype(g, w_query, w_key)
     queries = jnp.einsum("cd,hyd->hcy", g, w_query, preferred_element_type=acc)
     keys = jnp.einsum("bd,hyd->hby", g, w_key, preferred_element_type=acc)
     beta = beta.astype(acc)
-    scores = beta * jnp.einsum("hcy,hby->hcb", queries, keys)
-    lse = jax.vmap(_masked_logsumexp, in_axes=(0, None))(scores, allowed)
+    block_size = resolve_block_size(block_size)
+
+    def head_lse(q: Float[Array, "seq head_dim"], k: Float[Array, "seq head_dim"]) -> Array:
+        return lse_rows(q, k, beta, mask, not include_self, method, block_size)
+
+    lse = jax.vmap(head_lse)(queries, keys)
     return -jnp.sum(lse) / beta
 
 
@@ -145,6 +168,8 @@ class TransformerAttentionEnergy(AbstractEnergy):
     - `w_query`, `w_key`: shape `(heads, head_dim, dim)`.
     - `beta`: inverse temperature (> 0).
     - `include_self`: also let each token attend to itself.
+    - `implementation`, `block_size`: how the log-sum-exp is computed, as in
+      [`transformer_attention_energy`][energyattn.transformer_attention_energy].
 
     ??? cite "Source"
 
@@ -155,6 +180,8 @@ class TransformerAttentionEnergy(AbstractEnergy):
     w_key: Float[Array, "heads head_dim dim"]
     beta: Float[Array, ""]
     include_self: bool = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
+    block_size: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -163,6 +190,8 @@ class TransformerAttentionEnergy(AbstractEnergy):
         *,
         beta: ScalarLike,
         include_self: bool = False,
+        implementation: Implementation = "auto",
+        block_size: int | None = None,
     ):
         check_shape("w_query", w_query, "heads head_dim dim")
         check_shape("w_key", w_key, "heads head_dim dim")
@@ -170,6 +199,8 @@ class TransformerAttentionEnergy(AbstractEnergy):
         self.w_key = jnp.asarray(w_key)
         self.beta = check_positive("beta", beta)
         self.include_self = bool(include_self)
+        self.implementation = check_implementation(implementation)
+        self.block_size = None if block_size is None else resolve_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
         return transformer_attention_energy(
@@ -179,6 +210,8 @@ class TransformerAttentionEnergy(AbstractEnergy):
             beta=self.beta,
             mask=args,
             include_self=self.include_self,
+            implementation=self.implementation,
+            block_size=self.block_size,
         )
 
 

@@ -119,6 +119,9 @@ class EnergyTransformer(eqx.Module):
       `memory_beta` is the softmax form's inverse temperature.
     - `step_size`: $\alpha$ (default 0.1); `num_steps`: $T$ (default 12).
     - `eps`, `use_bias`: of the [`EnergyLayerNorm`][energyattn.nn.EnergyLayerNorm].
+    - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"`
+      (blockwise above $2^{20}$ score entries, heads x seq x seq), `"naive"` or `"blockwise"`;
+      see [`transformer_attention_energy`][energyattn.transformer_attention_energy].
     - `dtype`: parameter dtype; `key`: a JAX PRNG key for the initial weights
       ($W^Q, W^K, \xi$ drawn from $\mathcal N(0, 1/D)$, so scores start of order one).
 
@@ -138,6 +141,7 @@ class EnergyTransformer(eqx.Module):
     num_steps: int = eqx.field(static=True)
     include_self: bool = eqx.field(static=True)
     memory: str = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
 
     def __init__(
         self,
@@ -154,10 +158,17 @@ class EnergyTransformer(eqx.Module):
         num_steps: int = 12,
         eps: float = 1e-5,
         use_bias: bool = True,
+        implementation: Literal["auto", "naive", "blockwise"] = "auto",
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
         dim = positive_int("dim", dim)
+        if implementation not in ("auto", "naive", "blockwise"):
+            raise ValueError(
+                "implementation must be 'auto', 'naive' or 'blockwise' (the attention energy "
+                f"always masks the diagonal or uses a mask, which cuDNN cannot), got "
+                f"{implementation!r}"
+            )
         num_heads = positive_int("num_heads", num_heads)
         head_dim = positive_int("head_dim", head_dim)
         num_memories = positive_int("num_memories", num_memories)
@@ -176,6 +187,7 @@ class EnergyTransformer(eqx.Module):
         self.num_steps = positive_int("num_steps", num_steps, minimum=0)
         self.include_self = bool(include_self)
         self.memory = memory
+        self.implementation = implementation
 
     @property
     def dim(self) -> int:
@@ -188,7 +200,11 @@ class EnergyTransformer(eqx.Module):
         return SumEnergy(
             {
                 "attention": TransformerAttentionEnergy(
-                    self.w_query, self.w_key, beta=self.beta, include_self=self.include_self
+                    self.w_query,
+                    self.w_key,
+                    beta=self.beta,
+                    include_self=self.include_self,
+                    implementation=self.implementation,
                 ),
                 "memory": TransformerMemoryEnergy(
                     self.memories, kind=self.memory, beta=self.memory_beta
@@ -201,7 +217,13 @@ class EnergyTransformer(eqx.Module):
     ) -> Scalar:
         """$E^{\\mathrm{ATT}}(g)$; `mask[C, B]` is `True` where token C may attend to B."""
         return transformer_attention_energy(
-            g, self.w_query, self.w_key, beta=self.beta, mask=mask, include_self=self.include_self
+            g,
+            self.w_query,
+            self.w_key,
+            beta=self.beta,
+            mask=mask,
+            include_self=self.include_self,
+            implementation=self.implementation,
         )
 
     def memory_energy(self, g: Float[ArrayLike, "seq dim"]) -> Scalar:

@@ -4,11 +4,13 @@ from typing import Any, Literal, overload
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_positive, positive_int
 from .._energy import HopfieldEnergy
+from .._energy._attention_lse import Implementation, check_implementation, select_implementation
 from .._solver import Descent, descend
 from ._common import (
     default_dtype,
@@ -45,6 +47,11 @@ class HopfieldAttention(eqx.Module):
     - `beta`: inverse temperature (default $1/\sqrt{\text{head\_dim}}$).
     - `step_size`: descent step $\alpha > 0$ (default 1).
     - `num_steps`: number of descent steps (default 1).
+    - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; blockwise
+      above $2^{20}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
+      GPUs in half precision), `"naive"`, `"blockwise"` or `"cudnn"`; see
+      [`attention_logsumexp`][energyattn.attention_logsumexp].
+    - `block_size`: keys per block of the blockwise path (default 256).
 
     ??? cite "Source"
 
@@ -63,6 +70,8 @@ class HopfieldAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     head_dim: int = eqx.field(static=True)
     bare: bool = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
+    block_size: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -75,6 +84,8 @@ class HopfieldAttention(eqx.Module):
         step_size: float = 1.0,
         num_steps: int = 1,
         bare: bool = False,
+        implementation: Implementation = "auto",
+        block_size: int | None = None,
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
@@ -84,6 +95,8 @@ class HopfieldAttention(eqx.Module):
         self.beta = float(check_positive("beta", self.head_dim**-0.5 if beta is None else beta))
         self.step_size = float(check_positive("step_size", step_size))
         self.num_steps = positive_int("num_steps", num_steps, minimum=0)
+        self.implementation = check_implementation(implementation)
+        self.block_size = None if block_size is None else positive_int("block_size", block_size)
         if bare:
             self.query_proj = self.key_proj = self.output_proj = None
         else:
@@ -146,18 +159,41 @@ class HopfieldAttention(eqx.Module):
         queries = split_heads(project(self.query_proj, x), self.num_heads)
         keys = split_heads(project(self.key_proj, context), self.num_heads)
 
+        # The whole layer is one decision: heads x seq x mem score entries.
+        method = select_implementation(
+            self.implementation,
+            entries=self.num_heads * x.shape[0] * context.shape[0],
+            dtype=queries.dtype,
+            head_dim=self.head_dim,
+            structured_mask=mask is not None,
+        )
+
         def descend_head(
             q: Float[Array, "seq head_dim"], k: Float[Array, "mem head_dim"]
         ) -> Descent:
-            energy = HopfieldEnergy(k, beta=self.beta, mask=mask)
+            energy = HopfieldEnergy(
+                k, beta=self.beta, mask=mask, implementation=method, block_size=self.block_size
+            )
+            # Without a trajectory the energies are not returned, so the descent does not
+            # check them (`throw=False`): the energy after the last step is then never
+            # computed (XLA drops it), and the layer costs exactly its attention steps. The
+            # output is checked instead.
             return descend(
                 energy,
                 q,
                 step_size=self.step_size,
                 num_steps=self.num_steps,
                 save_trajectory=return_trajectory,
+                throw=return_trajectory,
             )
 
         result = jax.vmap(descend_head)(queries, keys)
         out = project(self.output_proj, merge_heads(result.value))
-        return (out, result) if return_trajectory else out
+        if return_trajectory:
+            return out, result
+        return eqx.error_if(
+            out,
+            ~jnp.all(jnp.isfinite(out)),
+            "HopfieldAttention: the output became NaN or inf (the step size is probably too "
+            "large for num_steps > 1); call with return_trajectory=True to inspect the energies",
+        )

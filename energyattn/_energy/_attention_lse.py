@@ -1,0 +1,420 @@
+r"""The attention log-sum-exp every softmax energy is made of, in three implementations.
+
+$$\operatorname{lse}_i = \log \sum_{j:\,\mathrm{allowed}_{ij}} e^{\beta\, q_i\cdot k_j}$$
+
+Its gradient with respect to $q_i$ is $\beta \sum_j p_{ij} k_j$ with
+$p_{ij} = e^{\beta q_i\cdot k_j - \operatorname{lse}_i}$: softmax attention. So an energy built
+from it (Hopfield, Energy Transformer) yields attention when differentiated, and the cost and
+memory of that gradient are decided here:
+
+- `"naive"`: scores, log-sum-exp and their autodiff; the `(seq, mem)` matrices are held.
+- `"blockwise"`: a `jax.custom_vjp`. The forward is an online (running-max) log-sum-exp over
+  blocks of `block_size` keys that also accumulates $\sum_j p_{ij} k_j$ in the same pass (flash
+  attention's forward); the backward reuses that sum for the queries' cotangent and recomputes
+  the probabilities block by block from the saved log-sum-exp for the keys' cotangent. No
+  `(seq, mem)` matrix is ever held, only `(seq, block_size)` blocks.
+- `"cudnn"`: on NVIDIA GPUs the same custom_vjp, with the forward (and the keys' cotangent)
+  computed by cuDNN's fused attention through `jax.nn.dot_product_attention`.
+
+`"auto"` picks cuDNN where it applies, else blockwise above a size threshold, else naive.
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from .._checks import check_mask, check_positive, check_shape, positive_int
+from .._custom_types import ScalarLike
+
+Implementation = Literal["auto", "naive", "blockwise", "cudnn"]
+IMPLEMENTATIONS = ("auto", "naive", "blockwise", "cudnn")
+
+#: Above this many score entries (heads x seq x mem) `"auto"` takes the blockwise path. On a
+#: CPU it is as fast as the naive one from about 512 x 512 entries and faster beyond
+#: (`benchmarks/attention_speed.py`); the memory it saves grows with the size.
+BLOCKWISE_THRESHOLD = 2**20
+#: Keys per block of the blockwise path: `(seq, 256)` float32 blocks are 1 MiB per 1024 queries
+#: (256 was the fastest of 64-512 on a CPU at seq 512-4096).
+DEFAULT_BLOCK_SIZE = 256
+
+_CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
+def check_implementation(implementation: str) -> str:
+    """`implementation` if it names one (a `ValueError` listing them otherwise)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    return implementation
+
+
+def select_implementation(
+    implementation: str,
+    *,
+    entries: int,
+    dtype: DTypeLike,
+    head_dim: int,
+    structured_mask: bool,
+    backend: str | None = None,
+    threshold: int | None = None,
+) -> str:
+    """Resolve `implementation` to `"naive"`, `"blockwise"` or `"cudnn"`.
+
+    `"auto"` takes cuDNN's fused attention when the backend is a GPU, the inputs are float16 or
+    bfloat16 (the dtypes cuDNN's flash attention accepts), the head size is a multiple of 8 up
+    to 128, and there is no mask (an explicit mask or the excluded diagonal): the fused kernel
+    cannot reproduce this package's convention for rows with nothing to attend to. Otherwise
+    it takes the blockwise path when the score matrices would hold more than `threshold`
+    entries (`entries = heads * seq * mem`), and the naive path below that, where the blockwise
+    recomputation costs more time than the memory it saves is worth.
+
+    An explicit `"cudnn"` off a GPU, or with a mask, is a `ValueError` (it would otherwise fail
+    deep inside XLA).
+    """
+    check_implementation(implementation)
+    threshold = BLOCKWISE_THRESHOLD if threshold is None else threshold
+    backend = jax.default_backend() if backend is None else backend
+    cudnn_ok = (
+        backend in ("gpu", "cuda")
+        and jnp.dtype(dtype) in _CUDNN_DTYPES
+        and head_dim % 8 == 0
+        and head_dim <= 128
+        and not structured_mask
+    )
+    if implementation == "cudnn":
+        if not cudnn_ok:
+            raise ValueError(
+                "implementation='cudnn' needs an NVIDIA GPU backend, float16/bfloat16 inputs, a "
+                f"head size that is a multiple of 8 up to 128 and no mask; got backend "
+                f"{backend!r}, dtype {jnp.dtype(dtype)}, head size {head_dim}, "
+                f"mask={'yes' if structured_mask else 'no'}"
+            )
+        return "cudnn"
+    if implementation == "auto":
+        if cudnn_ok:
+            return "cudnn"
+        return "blockwise" if entries > threshold else "naive"
+    return implementation
+
+
+# ----------------------------------------------------------------------------- naive path
+
+
+def _allowed_matrix(
+    seq: int, mem: int, mask: Bool[Array, "seq mem"] | None, exclude_self: bool
+) -> Bool[Array, "seq mem"] | None:
+    allowed = None
+    if exclude_self:
+        allowed = ~jnp.eye(seq, mem, dtype=bool)
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def masked_logsumexp(
+    a: Float[Array, "seq mem"], mask: Bool[Array, "seq mem"] | None
+) -> Float[Array, " seq"]:
+    """Row-wise log-sum-exp over the entries where `mask` is True.
+
+    Masked entries drop out exactly (they contribute `exp(-inf) = 0`, not a large negative
+    number), and neither their values nor their gradients can reach the result. A row with
+    no entry left is a sum over the empty set; its log would be `-inf`, and we define it as 0
+    so that energies stay finite and the force on that row vanishes.
+    """
+    if mask is None:
+        return jax.nn.logsumexp(a, axis=-1)
+    nonempty = jnp.any(mask, axis=-1)
+    shift = jnp.max(jnp.where(mask, a, -jnp.inf), axis=-1, keepdims=True)
+    # The log-sum-exp does not depend on the shift, so no gradient needs to flow through it.
+    shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+    # Double `where`: masked entries are replaced before `exp`, so a NaN/inf hiding in a masked
+    # score can poison neither the value nor the gradient.
+    terms = jnp.where(mask, jnp.exp(jnp.where(mask, a, shift) - shift), 0.0)
+    total = jnp.sum(terms, axis=-1)
+    lse = jnp.log(jnp.where(nonempty, total, 1.0)) + shift[:, 0]
+    return jnp.where(nonempty, lse, 0.0)
+
+
+def _naive_lse(q, k, beta, mask, exclude_self):
+    scores = beta * jnp.einsum("sd,md->sm", q, k, preferred_element_type=beta.dtype)
+    return masked_logsumexp(scores, _allowed_matrix(q.shape[0], k.shape[0], mask, exclude_self))
+
+
+# ------------------------------------------------------------------------- blockwise path
+
+
+def _blocks(k, mask, block_size):
+    """Keys as `(blocks, block_size, dim)` (zero padded) and the mask as
+    `(blocks, seq, block_size)` (padding masked), plus each block's first key index."""
+    mem = k.shape[0]
+    num_blocks = -(-mem // block_size)
+    pad = num_blocks * block_size - mem
+    k_blocks = jnp.pad(k, ((0, pad), (0, 0))).reshape(num_blocks, block_size, k.shape[1])
+    if mask is not None:
+        mask = jnp.pad(mask, ((0, 0), (0, pad)))
+        mask = mask.reshape(mask.shape[0], num_blocks, block_size).transpose(1, 0, 2)
+    starts = jnp.arange(num_blocks) * block_size
+    return k_blocks, mask, starts
+
+
+def _block_allowed(seq, start, block_size, mem, mask_block, exclude_self):
+    """Which entries of one `(seq, block_size)` block take part (or `None`: all of them)."""
+    cols = start + jnp.arange(block_size)
+    allowed = None
+    if mem % block_size:  # the last block is padded with keys that must not count
+        allowed = jnp.broadcast_to(cols[None, :] < mem, (seq, block_size))
+    if exclude_self:
+        off_diagonal = jnp.arange(seq)[:, None] != cols[None, :]
+        allowed = off_diagonal if allowed is None else allowed & off_diagonal
+    if mask_block is not None:
+        allowed = mask_block if allowed is None else allowed & mask_block
+    return allowed
+
+
+def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
+    """One pass over key blocks: the log-sum-exp and the attention output
+    $\\sum_j p_{ij} k_j$ (running max, rescaled partial sums)."""
+    seq, dim = q.shape
+    mem = k.shape[0]
+    acc = beta.dtype
+    k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
+
+    def body(carry, xs):
+        run_max, total, out = carry
+        k_b, mask_b, start = xs
+        scores = beta * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        if allowed is None:
+            new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
+        else:
+            new_max = jnp.maximum(run_max, jnp.max(jnp.where(allowed, scores, -jnp.inf), axis=1))
+        # Rows with nothing allowed so far keep a max of -inf; shift them by 0 instead.
+        shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
+        if allowed is None:
+            probs = jnp.exp(scores - shift[:, None])
+        else:
+            # Double `where`: a NaN/inf in a disallowed score cannot reach `exp`.
+            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - shift[:, None]), 0)
+        rescale = jnp.exp(run_max - shift)
+        total = total * rescale + jnp.sum(probs, axis=1)
+        out = out * rescale[:, None] + jnp.einsum(
+            "sb,bd->sd", probs.astype(k.dtype), k_b, preferred_element_type=acc
+        )
+        return (new_max, total, out), None
+
+    init = (
+        jnp.full((seq,), -jnp.inf, acc),
+        jnp.zeros((seq,), acc),
+        jnp.zeros((seq, dim), acc),
+    )
+    (run_max, total, out), _ = jax.lax.scan(body, init, (k_blocks, mask_blocks, starts))
+    # Every allowed row has total >= 1 (its max entry contributes exp(0)); empty rows have 0.
+    nonempty = total > 0
+    safe_total = jnp.where(nonempty, total, 1.0)
+    lse = jnp.where(nonempty, jnp.log(safe_total) + jnp.where(nonempty, run_max, 0.0), 0.0)
+    return lse, out / safe_total[:, None]
+
+
+def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights):
+    """$\\sum_i w_i\\, p_{ij}\\, q_i$ for every key $j$, recomputing $p$ block by block."""
+    seq = q.shape[0]
+    mem = k.shape[0]
+    acc = beta.dtype
+    k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
+    weighted_q = (weights[:, None] * q).astype(acc)
+
+    def one_block(xs):
+        k_b, mask_b, start = xs
+        scores = beta * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        if allowed is None:
+            probs = jnp.exp(scores - lse[:, None])
+        else:
+            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - lse[:, None]), 0)
+        return jnp.einsum("sb,sd->bd", probs, weighted_q)
+
+    grads = jax.lax.map(one_block, (k_blocks, mask_blocks, starts))
+    return grads.reshape(-1, q.shape[1])[:mem]
+
+
+#: The `jax.nn.dot_product_attention` implementation of the fused path. Tests swap in `"xla"`
+#: to check this path's wiring (layouts, residual, cotangents) on a CPU.
+_FUSED_KERNEL = "cudnn"
+
+
+def _fused_attention(q, k, v, beta, **kwargs):
+    # beta is folded into the queries (scale=1): the fused kernel takes its scale as a static
+    # float, while beta is traced (a trainable field of the layers).
+    return jax.nn.dot_product_attention(
+        (beta.astype(q.dtype) * q)[None, :, None, :],
+        k[None, :, None, :],
+        v[None, :, None, :],
+        scale=1.0,
+        implementation=_FUSED_KERNEL,
+        **kwargs,
+    )
+
+
+def _cudnn_forward(q, k, beta):
+    out, lse = _fused_attention(q, k, k, beta, return_residual=True)
+    return lse.reshape(q.shape[0]).astype(beta.dtype), out[0, :, 0, :].astype(beta.dtype)
+
+
+def _cudnn_key_cotangent(q, k, beta, weights):
+    # sum_i w_i p_ij q_i is the value cotangent of attention(q, k, v) for an output cotangent
+    # w_i q_i; the fused backward computes it without the (seq, mem) matrix.
+    _, vjp = jax.vjp(lambda v: _fused_attention(q, k, v, beta), k)
+    (cotangent,) = vjp((weights[:, None] * q).astype(q.dtype)[None, :, None, :])
+    return cotangent.astype(beta.dtype)
+
+
+def _make_fused(method: str, exclude_self: bool, block_size: int):
+    """The log-sum-exp as a `custom_vjp` (one per static configuration)."""
+
+    def forward(q, k, beta, mask):
+        if method == "cudnn":
+            return _cudnn_forward(q, k, beta)
+        return _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+
+    @jax.custom_vjp
+    def lse_fn(q, k, beta, mask):
+        return forward(q, k, beta, mask)[0]
+
+    def fwd(q, k, beta, mask):
+        lse, out = forward(q, k, beta, mask)
+        return lse, (q, k, beta, mask, lse, out)
+
+    def bwd(residuals, cotangent):
+        q, k, beta, mask, lse, out = residuals
+        # d lse_i / d q_i = beta sum_j p_ij k_j = beta out_i: the attention output of the
+        # forward pass, so the queries' cotangent costs no second pass. (Writing it through
+        # `out` also keeps a derivative of this cotangent -- training through a descent step --
+        # correct: `out` is an ordinary function of q and k.)
+        dq = (beta * cotangent)[:, None] * out
+        # d lse_i / d beta = sum_j p_ij q_i . k_j = q_i . out_i
+        dbeta = jnp.sum(cotangent * jnp.einsum("sd,sd->s", q.astype(out.dtype), out))
+        if method == "cudnn":
+            dk = beta * _cudnn_key_cotangent(q, k, beta, cotangent)
+        else:
+            dk = beta * _blockwise_key_cotangent(
+                q, k, beta, mask, exclude_self, block_size, lse, cotangent
+            )
+        return dq.astype(q.dtype), dk.astype(k.dtype), dbeta.astype(beta.dtype), None
+
+    lse_fn.defvjp(fwd, bwd)
+    return lse_fn
+
+
+_FUSED: dict[tuple, object] = {}
+
+
+def _fused(method: str, exclude_self: bool, block_size: int):
+    key = (method, exclude_self, block_size)
+    if key not in _FUSED:
+        _FUSED[key] = _make_fused(*key)
+    return _FUSED[key]
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def resolve_block_size(block_size: int | None) -> int:
+    return DEFAULT_BLOCK_SIZE if block_size is None else positive_int("block_size", block_size)
+
+
+def lse_rows(
+    q: Float[Array, "seq dim"],
+    k: Float[Array, "mem dim"],
+    beta: Float[Array, ""],
+    mask: Bool[Array, "seq mem"] | None,
+    exclude_self: bool,
+    method: str,
+    block_size: int,
+) -> Float[Array, " seq"]:
+    """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
+    over heads by the energies). `beta` must already be in the accumulation dtype."""
+    if method == "naive":
+        return _naive_lse(q, k, beta, mask, exclude_self)
+    # A block never needs to be longer than the keys (less padding, same result).
+    return _fused(method, exclude_self, min(block_size, k.shape[0]))(q, k, beta, mask)
+
+
+def attention_logsumexp(
+    query: Float[ArrayLike, "seq dim"],
+    keys: Float[ArrayLike, "mem dim"],
+    *,
+    beta: ScalarLike = 1.0,
+    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    exclude_self: bool = False,
+    implementation: Implementation = "auto",
+    block_size: int | None = None,
+) -> Float[Array, " seq"]:
+    r"""Row-wise attention log-sum-exp, the building block of the softmax energies.
+
+    $$\operatorname{lse}_i = \log \sum_{j:\,\mathrm{allowed}_{ij}} e^{\beta\, q_i\cdot k_j},
+      \qquad \frac{\partial \operatorname{lse}_i}{\partial q_i}
+      = \beta \sum_j \mathrm{softmax}_j(\beta\, q_i\cdot k_j)\, k_j$$
+
+    All implementations give the same values and gradients (to rounding); they differ in time
+    and memory. `"blockwise"` never holds a `(seq, mem)` matrix: its forward is a single online
+    pass over blocks of keys that also accumulates the attention output, and its backward
+    (a `jax.custom_vjp`) recomputes the probabilities block by block from the saved
+    log-sum-exp, flash-attention style. It can be differentiated again (training through an
+    attention step), by ordinary autodiff of its forward pass.
+
+    A row with nothing allowed has an empty sum, defined as 0 (no force). Scores accumulate in
+    at least float32.
+
+    **Arguments:**
+
+    - `query`: $q$, shape `(seq, dim)`.
+    - `keys`: $k$, shape `(mem, dim)`.
+    - `beta`: inverse temperature $\beta > 0$.
+    - `mask`: optional boolean `(seq, mem)`, `True` where $q_i$ may attend to $k_j$.
+    - `exclude_self`: also disallow $j = i$ (self-attention energies; needs `seq == mem`),
+      without building a `(seq, seq)` mask.
+    - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
+      [`select_implementation`](#energyattn._energy._attention_lse.select_implementation).
+      `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
+      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{20}$ score entries, naive below.
+    - `block_size`: keys per block of the blockwise path (default 256).
+
+    **Returns:**
+
+    The log-sum-exp of every query, shape `(seq,)`.
+
+    ??? cite "Source"
+
+        The energy is M. Bal's log-sum-exp (*An Energy-Based Perspective on Attention
+        Mechanisms in Transformers*, 2020); the online log-sum-exp and recomputing backward
+        follow T. Dao et al., *FlashAttention* (2022).
+    """
+    check_shape("query", query, "seq dim")
+    seq, dim = jnp.shape(query)
+    check_shape("keys", keys, "mem dim", dim=dim)
+    mem = jnp.shape(keys)[0]
+    if exclude_self and seq != mem:
+        raise ValueError(f"exclude_self needs as many queries as keys, got {seq} and {mem}")
+    beta = check_positive("beta", beta)
+    query, keys = jnp.asarray(query), jnp.asarray(keys)
+    if mask is not None:
+        mask = check_mask(mask, (seq, mem), "seq mem")
+    method = select_implementation(
+        implementation,
+        entries=seq * mem,
+        dtype=jnp.result_type(query, keys),
+        head_dim=dim,
+        structured_mask=mask is not None or exclude_self,
+    )
+    acc = jnp.promote_types(jnp.result_type(query, keys), jnp.float32)
+    return lse_rows(
+        query,
+        keys,
+        beta.astype(acc),
+        mask,
+        bool(exclude_self),
+        method,
+        resolve_block_size(block_size),
+    )
