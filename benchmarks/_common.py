@@ -37,8 +37,9 @@ def environment() -> dict[str, Any]:
 
 
 def interleaved(fns: dict[str, Callable], *args: Any, repeats: int = 7, number: int = 1) -> dict:
-    """Time several compiled functions of the same `args`, interleaving their repeats so that
-    drifting machine load hits all of them alike. Returns per-name timing dicts."""
+    """Time several compiled functions of the same `args`, interleaving their repeats (in a
+    rotating order) so that drifting machine load hits all of them alike. Returns per-name
+    timing dicts."""
     compiled, compile_s = {}, {}
     for name, fn in fns.items():
         start = time.perf_counter()
@@ -46,8 +47,13 @@ def interleaved(fns: dict[str, Callable], *args: Any, repeats: int = 7, number: 
         compile_s[name] = time.perf_counter() - start
         jax.block_until_ready(compiled[name](*args))
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in compiled.items():
+    names = list(compiled)
+    for repeat in range(repeats):
+        # Rotate the order every repeat: whichever runs right after another contender's
+        # large buffers pays for it, so no one should always be in that place.
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = compiled[name]
             start = time.perf_counter()
             for _ in range(number):
                 out = fn(*args)

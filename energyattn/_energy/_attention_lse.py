@@ -35,7 +35,7 @@ IMPLEMENTATIONS = ("auto", "naive", "blockwise", "cudnn")
 #: Above this many score entries (heads x seq x mem) `"auto"` takes the blockwise path. On a
 #: CPU it is as fast as the naive one from about 512 x 512 entries and faster beyond
 #: (`benchmarks/attention_speed.py`); the memory it saves grows with the size.
-BLOCKWISE_THRESHOLD = 2**20
+BLOCKWISE_THRESHOLD = 2**18
 #: Keys per block of the blockwise path: `(seq, 256)` float32 blocks are 1 MiB per 1024 queries
 #: (256 was the fastest of 64-512 on a CPU at seq 512-4096).
 DEFAULT_BLOCK_SIZE = 256
@@ -378,7 +378,7 @@ def attention_logsumexp(
     - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`select_implementation`](#energyattn._energy._attention_lse.select_implementation).
       `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
-      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{20}$ score entries, naive below.
+      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{18}$ score entries, naive below.
     - `block_size`: keys per block of the blockwise path (default 256).
 
     **Returns:**

@@ -48,7 +48,7 @@ class HopfieldAttention(eqx.Module):
     - `step_size`: descent step $\alpha > 0$ (default 1).
     - `num_steps`: number of descent steps (default 1).
     - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; blockwise
-      above $2^{20}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
+      above $2^{18}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
       GPUs in half precision), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`attention_logsumexp`][energyattn.attention_logsumexp].
     - `block_size`: keys per block of the blockwise path (default 256).

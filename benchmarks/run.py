@@ -1,0 +1,49 @@
+"""Run every benchmark from one entry point and print where their JSON rows went.
+
+    OPENBLAS_NUM_THREADS=1 taskset -c 0 python benchmarks/run.py [--quick] [--only NAME ...]
+    OPENBLAS_NUM_THREADS=1 taskset -c 0 python -m benchmarks [--quick]
+
+`--quick` passes `--quick` to each script (small sizes, few repeats): the whole suite then
+finishes in under 5 minutes on one CPU core. Each script compares against a baseline measured
+in the same run and writes `benchmarks/results/<name>[_quick].json`.
+"""
+
+import argparse
+import importlib
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: name -> the question it answers (one script per question).
+BENCHMARKS = {
+    "attention_speed": "energy attention vs hand-written softmax vs dot_product_attention",
+    "attention_memory": "temporary memory of the attention step, naive vs blockwise",
+    "et_recall": "ea.descend vs a hand-written lax.scan (Energy Transformer recall)",
+    "deq": "fixed-point solvers; implicit vs unrolled gradients vs number of steps",
+    "spin_saddle": "the vector-spin saddle point in multiples of one Cholesky",
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (< 5 min)")
+    parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS), help="run only these")
+    args = parser.parse_args(argv)
+    names = args.only or list(BENCHMARKS)
+    seconds = {}
+    began = time.perf_counter()
+    for name in names:
+        print(f"\n=== {name}: {BENCHMARKS[name]}", flush=True)
+        start = time.perf_counter()
+        importlib.import_module(name).main(["--quick"] if args.quick else [])
+        seconds[name] = time.perf_counter() - start
+    total = time.perf_counter() - began
+    print("\n" + "\n".join(f"{name:18s} {s:7.1f} s" for name, s in seconds.items()))
+    print(f"{'total':18s} {total:7.1f} s")
+    return seconds
+
+
+if __name__ == "__main__":
+    main()
