@@ -6,7 +6,14 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 
 import importlib.metadata
 
-from . import data as data, models as models, nn as nn, spin as spin, viz as viz
+from . import (
+    data as data,
+    models as models,
+    nn as nn,
+    parallel as parallel,
+    spin as spin,
+    viz as viz,
+)
 from ._energy import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     AbstractEnergy as AbstractEnergy,

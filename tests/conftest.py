@@ -4,10 +4,19 @@
 (`--jaxtyping-packages`), so every annotated shape and dtype is checked while the suite runs.
 """
 
-import jax
-import jax.random as jr
-import jaxtyping
-import pytest
+import os
+
+# Before JAX starts: the CPU backend offers 8 devices, so the multi-device tests
+# (tests/test_parallel.py) run anywhere. CI exports the same flag; keep any other XLA flags.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+import jax  # noqa: E402
+import jax.random as jr  # noqa: E402
+import jaxtyping  # noqa: E402
+import pytest  # noqa: E402
 
 # Once, before any test: identities are checked to 1e-10 in float64. Tests that need
 # float32/bfloat16 say so through explicit dtypes (or run in a subprocess).

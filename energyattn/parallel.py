@@ -1,0 +1,305 @@
+"""Data-parallel execution of any energyattn layer or model over devices.
+
+Layers and models are unbatched; a batch is `jax.vmap` over examples. Here the batch axis is
+split across devices, in three interchangeable ways that give the same numbers as one device:
+
+- `method="jit"`: `jax.jit` with `NamedSharding`s on a mesh of `Auto` axes; the compiler
+  (GSPMD) partitions the vmapped program and inserts any communication.
+- `method="shard_map"`: `jax.shard_map`; every device runs the vmapped function on its own
+  shard of the batch, with the parameters replicated.
+- [`pmap_apply`][energyattn.parallel.pmap_apply]: the older `jax.pmap` style, kept for code
+  that uses it.
+
+[`sharded_train_step`][energyattn.parallel.sharded_train_step] is a training step whose batch
+is sharded and whose parameters are replicated: the mean loss's gradient is all-reduced by the
+compiler. Several hosts (processes) work the same way after
+[`initialize`][energyattn.parallel.initialize]; see its docstring.
+
+```python
+import energyattn as ea
+mesh = ea.parallel.make_mesh()  # all devices, one "batch" axis
+attend = ea.parallel.data_parallel(lambda layer, x: layer(x), mesh)
+out = attend(layer, xs)  # xs: (batch, seq, dim), batch divisible by the number of devices
+```
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, PyTree
+
+from ._checks import positive_int, shape_str
+
+METHODS = ("jit", "shard_map")
+
+
+def make_mesh(
+    num_devices: int | None = None,
+    *,
+    axis_name: str = "batch",
+    devices: Sequence[Any] | None = None,
+) -> Mesh:
+    """A one-axis device mesh for data parallelism, with an `Auto` axis type.
+
+    **Arguments:**
+
+    - `num_devices`: how many devices (default: all of `devices`).
+    - `axis_name`: the name of the batch axis.
+    - `devices`: the devices to use (default `jax.devices()`, every process's devices when
+      several processes were [initialised][energyattn.parallel.initialize]).
+
+    **Returns:**
+
+    A `jax.sharding.Mesh` of shape `(num_devices,)`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices) if num_devices is None else positive_int("num_devices", num_devices)
+    if n > len(devices):
+        raise ValueError(f"num_devices={n} but only {len(devices)} devices are available")
+    return jax.make_mesh(
+        (n,), (axis_name,), axis_types=(jax.sharding.AxisType.Auto,), devices=devices[:n]
+    )
+
+
+def _axis(mesh: Mesh) -> str:
+    if len(mesh.axis_names) != 1:
+        raise ValueError(
+            f"expected a one-axis (data-parallel) mesh, got axes {tuple(mesh.axis_names)}"
+        )
+    return mesh.axis_names[0]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """The sharding that splits an array's leading (batch) axis over the mesh."""
+    return NamedSharding(mesh, PartitionSpec(_axis(mesh)))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """The sharding that keeps a full copy on every device of the mesh."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def _check_batch(tree: PyTree, num_devices: int) -> None:
+    for leaf in jax.tree.leaves(tree):
+        shape = np.shape(leaf)
+        if not shape or shape[0] % num_devices:
+            raise ValueError(
+                "batch: every array's leading (batch) axis must be divisible by the "
+                f"{num_devices} devices, got an array of shape {shape_str(shape)}"
+            )
+
+
+def shard_batch(tree: PyTree, mesh: Mesh) -> PyTree:
+    """Place every array of `tree` split along its leading (batch) axis over the mesh.
+
+    **Raises:** `ValueError` naming the shape when a batch size is not divisible by the
+    number of devices.
+    """
+    _check_batch(tree, mesh.devices.size)
+    return jax.device_put(tree, batch_sharding(mesh))
+
+
+def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
+    """Place a full copy of every array of `tree` (a model, parameters, optimiser state) on
+    every device of the mesh; non-array leaves (static fields) are left alone."""
+    arrays, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.device_put(arrays, replicated(mesh)), static)
+
+
+def _vmapped(fn: Callable) -> Callable:
+    def batched(module: Any, *batch: Any) -> Any:
+        return jax.vmap(lambda *example: fn(module, *example))(*batch)
+
+    return batched
+
+
+def data_parallel(fn: Callable, mesh: Mesh, *, method: str = "jit") -> Callable:
+    """Run an unbatched function data-parallel: vmapped over a batch split across devices.
+
+    `fn(module, *example)` computes one example (e.g. `lambda layer, x: layer(x)`); the
+    returned function takes `(module, *batch)`, each batch argument with a leading batch axis
+    divisible by the number of devices, and returns the outputs with that axis, sharded over
+    the mesh. The module (any pytree: an Equinox layer or model, parameters) is replicated.
+    The results equal `jax.vmap` on one device.
+
+    **Arguments:**
+
+    - `fn`: the per-example function.
+    - `mesh`: a one-axis mesh from [`make_mesh`][energyattn.parallel.make_mesh].
+    - `method`: `"jit"` (`jax.jit` with `NamedSharding`s; the compiler partitions the
+      program) or `"shard_map"` (`jax.shard_map`; each device runs the vmapped function on
+      its shard).
+
+    **Returns:**
+
+    A compiled function `(module, *batch) -> batched outputs`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    axis = _axis(mesh)
+    batched = _vmapped(fn)
+
+    if method == "jit":
+
+        @eqx.filter_jit
+        def run_jit(module: Any, *batch: Any) -> Any:
+            batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
+            out = batched(module, *batch)
+            return jax.lax.with_sharding_constraint(out, batch_sharding(mesh))
+
+        def call_jit(module: Any, *batch: Any) -> Any:
+            return run_jit(replicate(module, mesh), *shard_batch(batch, mesh))
+
+        return call_jit
+
+    @eqx.filter_jit
+    def run_shard_map(module: Any, *batch: Any) -> Any:
+        params, static = eqx.partition(module, eqx.is_array)
+
+        def local(params: Any, *shard: Any) -> Any:
+            return batched(eqx.combine(params, static), *shard)
+
+        sharded = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(PartitionSpec(),) + (PartitionSpec(axis),) * len(batch),
+            out_specs=PartitionSpec(axis),
+            # The per-example function has no collectives. Equinox's runtime checks
+            # (`eqx.error_if`, used for NaN checks) are a `lax.cond` whose branches the
+            # varying-axes type check would reject inside shard_map.
+            check_vma=False,
+        )
+        return sharded(params, *batch)
+
+    def call_shard_map(module: Any, *batch: Any) -> Any:
+        return run_shard_map(replicate(module, mesh), *shard_batch(batch, mesh))
+
+    return call_shard_map
+
+
+def pmap_apply(fn: Callable, module: Any, *batch: Any, devices: Sequence[Any] | None = None) -> Any:
+    """`jax.pmap` form of [`data_parallel`][energyattn.parallel.data_parallel].
+
+    The batch `(B, ...)` is reshaped to `(devices, B // devices, ...)`, each device vmaps
+    `fn(module, *example)` over its part (the module is broadcast to every device), and the
+    outputs are reshaped back to `(B, ...)`. Prefer `data_parallel`; this exists for code
+    built around `pmap`.
+    """
+    devices = list(jax.local_devices() if devices is None else devices)
+    n = len(devices)
+    _check_batch(batch, n)
+    split = jax.tree.map(lambda x: jnp.reshape(x, (n, -1) + jnp.shape(x)[1:]), batch)
+    out = eqx.filter_pmap(_vmapped(fn), in_axes=(None,) + (0,) * len(batch), devices=devices)(
+        module, *split
+    )
+    return jax.tree.map(lambda x: jnp.reshape(x, (-1,) + x.shape[2:]), out)
+
+
+def sharded_train_step(
+    loss_fn: Callable[..., Array], optimizer: optax.GradientTransformation, mesh: Mesh
+) -> Callable:
+    """A data-parallel training step: batch sharded over the mesh, parameters replicated.
+
+    $$\\theta \\leftarrow \\mathrm{update}\\Big(\\nabla_\\theta \\frac1B\\sum_{b=1}^B
+      \\ell(\\theta; x_b)\\Big)$$
+
+    `loss_fn(model, *example)` is the loss of one example. The step vmaps it over the batch,
+    takes the mean and its gradient with respect to the model's inexact arrays, and applies
+    `optimizer`. The batch mean becomes a cross-device reduction, inserted by the compiler;
+    the new parameters are the same on every device and equal a one-device step.
+
+    **Arguments:**
+
+    - `loss_fn`: per-example loss.
+    - `optimizer`: an optax transformation (`opt_state = optimizer.init(eqx.filter(model,
+      eqx.is_inexact_array))`).
+    - `mesh`: a one-axis mesh.
+
+    **Returns:**
+
+    `step(model, opt_state, *batch) -> (model, opt_state, loss)`.
+    """
+    batched = _vmapped(loss_fn)
+
+    @eqx.filter_jit
+    def run(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
+        batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
+
+        def mean_loss(model: Any) -> Array:
+            return jnp.mean(batched(model, *batch))
+
+        loss, grads = eqx.filter_value_and_grad(mean_loss)(model)
+        updates, opt_state = optimizer.update(
+            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
+        )
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    def step(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
+        return run(replicate(model, mesh), replicate(opt_state, mesh), *shard_batch(batch, mesh))
+
+    return step
+
+
+def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:
+    """Assemble a batch sharded over every process's devices from each process's own part.
+
+    On one process this is [`shard_batch`][energyattn.parallel.shard_batch]; on several, each
+    process passes its local rows (`B / num_processes` of them, in process order) and gets
+    a global array of `B` rows (`jax.make_array_from_process_local_data`).
+    """
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch
+    )
+
+
+def initialize(
+    coordinator_address: str,
+    num_processes: int,
+    process_id: int,
+    *,
+    local_device_ids: Sequence[int] | None = None,
+    cpu_collectives: str | None = "gloo",
+) -> None:
+    """Join a multi-process (multi-host) JAX job; call it first, before any computation.
+
+    Multi-host set-up: start the same program once per host (process), each with the same
+    `coordinator_address` (`"host0:port"`, a port on process 0 every process can reach), the
+    total `num_processes` and its own `process_id` in `0 .. num_processes - 1`. Afterwards
+    `jax.devices()` lists every process's devices: build the mesh over all of them with
+    [`make_mesh`][energyattn.parallel.make_mesh], let each process load its own slice of the
+    data and assemble the global batch with
+    [`global_batch`][energyattn.parallel.global_batch]; then
+    [`data_parallel`][energyattn.parallel.data_parallel] and
+    [`sharded_train_step`][energyattn.parallel.sharded_train_step] work unchanged. On GPU and
+    TPU clusters whose scheduler JAX recognises (SLURM, Cloud TPU, ...) the arguments can be
+    detected automatically by calling `jax.distributed.initialize()` directly.
+
+    **Arguments:**
+
+    - `coordinator_address`: `"host:port"` of process 0.
+    - `num_processes`: the number of processes.
+    - `process_id`: this process's index.
+    - `local_device_ids`: restrict this process to some of its local devices.
+    - `cpu_collectives`: the CPU backend's cross-process collectives (`"gloo"`, the default,
+      works between processes on CPUs; `None` leaves JAX's setting alone). Only CPU devices
+      are affected.
+    """
+    num_processes = positive_int("num_processes", num_processes)
+    process_id = positive_int("process_id", process_id, minimum=0)
+    if process_id >= num_processes:
+        raise ValueError(f"process_id must be < num_processes={num_processes}, got {process_id}")
+    if cpu_collectives is not None:
+        jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+    )

@@ -1,0 +1,194 @@
+"""`ea.parallel`: data-parallel layers, models and training steps over 8 (forced CPU) devices.
+
+Every multi-device result must equal the same computation on one device.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+import pytest
+
+import energyattn as ea
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    if jax.device_count() < 8:
+        pytest.fail(
+            f"these tests need 8 devices, found {jax.device_count()}: run pytest from the "
+            "repository (tests/conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8)"
+        )
+    return ea.parallel.make_mesh(8)
+
+
+def layers():
+    key = jr.key(0)
+    return {
+        "softmax": ea.nn.SoftmaxAttention(8, num_heads=2, key=key),
+        "hopfield": ea.nn.HopfieldAttention(8, num_heads=2, num_steps=2, step_size=0.5, key=key),
+        "energy_transformer": ea.nn.EnergyTransformer(
+            8, num_heads=2, head_dim=4, num_memories=6, num_steps=3, key=key
+        ),
+    }
+
+
+def apply(layer, x):
+    return layer(x)
+
+
+@pytest.mark.parametrize("name", ["softmax", "hopfield", "energy_transformer"])
+def test_layers_on_8_devices_equal_one_device(mesh, name):
+    layer = layers()[name]
+    xs = jr.normal(jr.key(1), (BATCH, 5, 8))
+    expected = eqx.filter_jit(jax.vmap(apply, in_axes=(None, 0)))(layer, xs)
+    for method in ("jit", "shard_map"):
+        out = ea.parallel.data_parallel(apply, mesh, method=method)(layer, xs)
+        # Really spread over the mesh: each of the 8 devices holds 2 of the 16 examples.
+        assert len(out.sharding.device_set) == 8
+        assert {s.data.shape[0] for s in out.addressable_shards} == {BATCH // 8}
+        np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+    out = ea.parallel.pmap_apply(apply, layer, xs)
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_several_batch_arguments_and_a_model(mesh):
+    # A task model with two batched inputs (images and patch masks).
+    model = ea.models.ImageEnergyTransformer(
+        image_shape=(1, 8, 8),
+        patch_size=2,
+        dim=8,
+        num_heads=2,
+        head_dim=4,
+        num_memories=6,
+        num_steps=2,
+        key=jr.key(2),
+    )
+    images = jr.uniform(jr.key(3), (BATCH, 1, 8, 8))
+    masks = jnp.zeros((BATCH, 16), bool).at[:, 3].set(True).at[:, 9].set(True)
+    expected = jax.vmap(ea.models.masked_patch_mse, in_axes=(None, 0, 0))(model, images, masks)
+    out = ea.parallel.data_parallel(ea.models.masked_patch_mse, mesh)(model, images, masks)
+    np.testing.assert_allclose(out, expected, rtol=1e-12)
+
+
+def example_loss(layer, x, target):
+    return jnp.mean(jnp.square(layer(x) - target))
+
+
+def test_sharded_train_step_equals_one_device(mesh):
+    layer = layers()["hopfield"]
+    xs = jr.normal(jr.key(4), (BATCH, 5, 8))
+    targets = jr.normal(jr.key(5), (BATCH, 5, 8))
+    optimizer = optax.adam(1e-2)
+    opt_state = optimizer.init(eqx.filter(layer, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def one_device(layer, opt_state):
+        def loss(layer):
+            return jnp.mean(jax.vmap(example_loss, in_axes=(None, 0, 0))(layer, xs, targets))
+
+        value, grads = eqx.filter_value_and_grad(loss)(layer)
+        updates, opt_state = optimizer.update(grads, opt_state, layer)
+        return eqx.apply_updates(layer, updates), opt_state, value
+
+    step = ea.parallel.sharded_train_step(example_loss, optimizer, mesh)
+    sharded, expected = (layer, opt_state), (layer, opt_state)
+    for _ in range(2):
+        *sharded, loss = step(*sharded, xs, targets)
+        *expected, expected_loss = one_device(*expected)
+        np.testing.assert_allclose(loss, expected_loss, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(sharded[0]), jax.tree.leaves(expected[0]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    weight = sharded[0].query_proj.weight
+    assert len(weight.sharding.device_set) == 8 and weight.sharding.is_fully_replicated
+
+
+def test_bad_input(mesh, user_mode):
+    layer = layers()["softmax"]
+    with pytest.raises(ValueError, match=r"divisible by the 8 devices, got .* shape \(12, 5, 8\)"):
+        ea.parallel.data_parallel(apply, mesh)(layer, jnp.ones((12, 5, 8)))
+    with pytest.raises(ValueError, match="divisible by the 8 devices"):
+        ea.parallel.pmap_apply(apply, layer, jnp.ones((12, 5, 8)))
+    with pytest.raises(ValueError, match="method must be one of"):
+        ea.parallel.data_parallel(apply, mesh, method="pmap")
+    with pytest.raises(ValueError, match="num_devices=9 but only 8 devices"):
+        ea.parallel.make_mesh(9)
+    with pytest.raises(ValueError, match="process_id must be < num_processes=2"):
+        ea.parallel.initialize("localhost:1", 2, 2)
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    import jax, jax.numpy as jnp, jax.random as jr, numpy as np
+    import energyattn as ea
+
+    address, pid = sys.argv[1], int(sys.argv[2])
+    ea.parallel.initialize(address, 2, pid)
+    assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
+    mesh = ea.parallel.make_mesh()
+    layer = ea.nn.HopfieldAttention(8, num_heads=2, key=jr.key(0))
+    xs = np.asarray(jr.normal(jr.key(1), (8, 5, 8)))
+    local = xs[4 * pid : 4 * (pid + 1)]  # each process loads its own half of the batch
+    run = ea.parallel.data_parallel(lambda l, x: jnp.sum(l(x) ** 2), mesh)
+    out = run(layer, ea.parallel.global_batch(local, mesh))
+    total = jax.jit(jnp.sum, out_shardings=ea.parallel.replicated(mesh))(out)
+    expected = jnp.sum(jax.vmap(lambda x: jnp.sum(layer(x) ** 2))(jnp.asarray(xs)))
+    print("RESULT", pid, float(total), float(expected), flush=True)
+    jax.distributed.shutdown()
+    """
+)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_on_loopback(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+    )
+    env.pop("JAX_ENABLE_X64", None)
+    address = f"localhost:{free_port()}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), address, str(pid)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=180)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+    results = [
+        line.split()[1:]
+        for output in outputs
+        for line in output.splitlines()
+        if line.startswith("RESULT")
+    ]
+    assert sorted(int(r[0]) for r in results) == [0, 1]
+    for _, total, expected in results:
+        np.testing.assert_allclose(float(total), float(expected), rtol=1e-5)
