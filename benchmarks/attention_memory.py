@@ -7,7 +7,9 @@ tokens, diagonal excluded)? The number is XLA's own accounting of the compiled p
 temporary buffers (`memory_analysis().temp_size_in_bytes`; inputs and outputs excluded), read
 after compiling, so sizes that could never run are still measured. Blockwise programs up to
 `--run-up-to` are also run once, timed, to show they do run; naive ones run only where they
-fit comfortably (`--naive-run-up-to`). head_dim 64, float32, keys = queries' length.
+fit comfortably (`--naive-run-up-to`). For the Hopfield energy the memory of training through
+the step (the gradient of a loss of `q - grad E(q)`: second derivatives) is measured too.
+head_dim 64, float32, keys = queries' length.
 
 Targets: blockwise at seq 8192 <= 10% of naive; blockwise runs at seq 32768 (8 heads) on a
 24 GiB machine, where naive autodiff needs more memory than the machine has.
@@ -44,6 +46,17 @@ def hopfield_step(implementation: str):
         return jax.vmap(one_head)(q, k)
 
     return step
+
+
+def hopfield_training(implementation: str):
+    """Training through the attention step: gradient of `sum(out ** 2)` with respect to the
+    queries and keys, where `out = q - grad E(q)` (second derivatives of the energy)."""
+    step = hopfield_step(implementation)
+
+    def train(q, k):
+        return jax.grad(lambda q, k: jnp.sum(jnp.square(q - step(q, k)[1])), (0, 1))(q, k)
+
+    return train
 
 
 def transformer_step(implementation: str):
@@ -110,12 +123,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     )
                     del value, grad
             row["blockwise_over_naive"] = row["blockwise_temp_mib"] / row["naive_temp_mib"]
+            if energy == "hopfield":  # training through the step (compiled, not run)
+                for impl in ("naive", "blockwise"):
+                    compiled = jax.jit(hopfield_training(impl)).lower(*args_).compile()
+                    temp = compiled.memory_analysis().temp_size_in_bytes / MIB
+                    row[f"training_{impl}_temp_mib"] = temp
             rows.append(row)
             ran = f"ran {row['blockwise_run_s']:.1f} s" if "blockwise_run_s" in row else ""
             print(
                 f"{energy:11s} heads {heads} seq {seq:5d}  naive {row['naive_temp_mib']:10.1f} MiB"
                 f"  blockwise {row['blockwise_temp_mib']:8.1f} MiB"
-                f"  ({100 * row['blockwise_over_naive']:.1f}%)  {ran}",
+                f"  ({100 * row['blockwise_over_naive']:.1f}%)  {ran}"
+                + (
+                    f"  | training naive {row['training_naive_temp_mib']:.1f} MiB, blockwise "
+                    f"{row['training_blockwise_temp_mib']:.1f} MiB"
+                    if "training_naive_temp_mib" in row
+                    else ""
+                ),
                 flush=True,
             )
     path = write_rows("attention_memory" + ("_quick" if args.quick else ""), rows)

@@ -234,15 +234,36 @@ def test_blockwise_gradient_does_not_hold_the_score_matrix(getkey):
     q = jr.normal(getkey(), (seq, dim), jnp.float32)
     m = jr.normal(getkey(), (seq, dim), jnp.float32)
 
-    def temp_bytes(impl):
-        step = jax.value_and_grad(
-            lambda q: ea.hopfield_energy(q, m, beta=0.25, implementation=impl, block_size=64)
-        )
-        return jax.jit(step).lower(q).compile().memory_analysis().temp_size_in_bytes
+    def energy(q, m, impl):
+        return ea.hopfield_energy(q, m, beta=0.25, implementation=impl, block_size=64)
+
+    def step(q, m, impl):  # the attention step: energy and gradient
+        return jax.value_and_grad(energy)(q, m, impl)
+
+    def train(q, m, impl):  # training through the step: its second derivatives
+        return jax.grad(lambda q, m: jnp.sum(jnp.square(step(q, m, impl)[1])), (0, 1))(q, m)
+
+    def temp_bytes(fn, impl, *args):
+        args = args or (q, m)
+        compiled = jax.jit(fn, static_argnums=2).lower(*args, impl).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    def train_transformer(w, g, impl):  # the ET's keys move too: the keys' cotangent's VJP
+        def energy(g, w):
+            return ea.transformer_attention_energy(
+                g, w, w, beta=0.25, implementation=impl, block_size=64
+            )
+
+        return jax.grad(lambda w: jnp.sum(jnp.square(jax.grad(energy)(g, w))))(w)
 
     matrix = seq * seq * 4
-    assert temp_bytes("naive") >= matrix
-    assert temp_bytes("blockwise") < matrix / 4
+    for fn in (step, train):
+        assert temp_bytes(fn, "naive") >= matrix
+        assert temp_bytes(fn, "blockwise") < matrix / 4
+    w = jr.normal(getkey(), (2, 8, dim), jnp.float32) / dim
+    naive = temp_bytes(train_transformer, "naive", w, q)
+    assert naive >= 2 * matrix  # at least one matrix per head
+    assert temp_bytes(train_transformer, "blockwise", w, q) < naive / 8
 
 
 def test_bad_arguments(user_mode):

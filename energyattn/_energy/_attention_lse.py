@@ -11,8 +11,10 @@ memory of that gradient are decided here:
 - `"blockwise"`: a `jax.custom_vjp`. The forward is an online (running-max) log-sum-exp over
   blocks of `block_size` keys that also accumulates $\sum_j p_{ij} k_j$ in the same pass (flash
   attention's forward); the backward reuses that sum for the queries' cotangent and recomputes
-  the probabilities block by block from the saved log-sum-exp for the keys' cotangent. No
-  `(seq, mem)` matrix is ever held, only `(seq, block_size)` blocks.
+  the probabilities block by block from the saved log-sum-exp for the keys' cotangent. The
+  forward pass has a flash-style backward of its own, so second derivatives (training through
+  an attention step) are blockwise as well. No `(seq, mem)` matrix is ever held, only
+  `(seq, block_size)` blocks.
 - `"cudnn"`: on NVIDIA GPUs the same custom_vjp, with the forward (and the keys' cotangent)
   computed by cuDNN's fused attention through `jax.nn.dot_product_attention`.
 
@@ -217,6 +219,46 @@ def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
     return lse, out / safe_total[:, None]
 
 
+def _blockwise_forward_cotangents(q, k, beta, mask, exclude_self, block_size, res, cot):
+    r"""Cotangents of `_blockwise_forward`'s outputs `(lse, out)` with respect to `(q, k, beta)`,
+    recomputing the probabilities block by block (flash attention's backward, with the keys
+    also the values):
+
+    $$dS_{ij} = p_{ij}\,(\bar o_i\cdot k_j - \bar o_i\cdot o_i + \bar l_i),\quad
+      \bar q_i = \beta\sum_j dS_{ij} k_j,\quad
+      \bar k_j = \beta\sum_i dS_{ij} q_i + \sum_i p_{ij}\bar o_i,\quad
+      \bar\beta = \sum_{ij} dS_{ij}\, q_i\cdot k_j.$$
+    """
+    lse, out = res
+    d_lse, d_out = cot
+    seq, dim = q.shape
+    mem = k.shape[0]
+    acc = beta.dtype
+    k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
+    # d lse_i enters every score of row i with weight p_ij, like -(d out_i . out_i).
+    row_term = d_lse - jnp.einsum("sd,sd->s", d_out, out)
+
+    def body(carry, xs):
+        dq, dbeta = carry
+        k_b, mask_b, start = xs
+        qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
+        scores = beta * qk
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        if allowed is None:
+            probs = jnp.exp(scores - lse[:, None])
+        else:
+            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - lse[:, None]), 0)
+            qk = jnp.where(allowed, qk, 0.0)
+        d_scores = probs * (jnp.einsum("sd,bd->sb", d_out, k_b) + row_term[:, None])
+        dq = dq + beta * jnp.einsum("sb,bd->sd", d_scores, k_b)
+        dk_b = beta * jnp.einsum("sb,sd->bd", d_scores, q) + jnp.einsum("sb,sd->bd", probs, d_out)
+        return (dq, dbeta + jnp.sum(d_scores * qk)), dk_b
+
+    init = (jnp.zeros((seq, dim), acc), jnp.zeros((), acc))
+    (dq, dbeta), dk = jax.lax.scan(body, init, (k_blocks, mask_blocks, starts))
+    return dq, dk.reshape(-1, dim)[:mem], dbeta
+
+
 def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights):
     """$\\sum_i w_i\\, p_{ij}\\, q_i$ for every key $j$, recomputing $p$ block by block."""
     seq = q.shape[0]
@@ -237,6 +279,52 @@ def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, we
 
     grads = jax.lax.map(one_block, (k_blocks, mask_blocks, starts))
     return grads.reshape(-1, q.shape[1])[:mem]
+
+
+def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse, weights, g):
+    r"""Cotangents of $T_j = \sum_i w_i\, p_{ij}\, q_i$ (`_blockwise_key_cotangent`) with
+    respect to `(q, k, beta, lse, weights)` for an output cotangent $G$, block by block.
+    With $u_{ij} = G_j\cdot q_i$ and $A_{ij} = w_i\, u_{ij}\, p_{ij}$:
+
+    $$\bar q_i = \sum_j w_i p_{ij} G_j + \beta\sum_j A_{ij} k_j,\quad
+      \bar k_j = \beta\sum_i A_{ij} q_i,\quad \bar\beta = \sum_{ij} A_{ij}\, q_i\cdot k_j,\quad
+      \bar l_i = -\sum_j A_{ij},\quad \bar w_i = \sum_j p_{ij} u_{ij}.$$
+    """
+    seq, dim = q.shape
+    mem = k.shape[0]
+    acc = beta.dtype
+    k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
+    g_blocks = jnp.pad(g, ((0, k_blocks.shape[0] * block_size - mem), (0, 0))).reshape(
+        k_blocks.shape
+    )
+
+    def body(carry, xs):
+        dq, dlse, dw, dbeta = carry
+        k_b, g_b, mask_b, start = xs
+        qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        if allowed is None:
+            probs = jnp.exp(beta * qk - lse[:, None])
+        else:
+            qk = jnp.where(allowed, qk, 0.0)
+            probs = jnp.where(allowed, jnp.exp(beta * qk - lse[:, None]), 0)
+        u = jnp.einsum("sd,bd->sb", q, g_b, preferred_element_type=acc)
+        a = weights[:, None] * u * probs
+        dq = dq + jnp.einsum("sb,bd->sd", weights[:, None] * probs, g_b)
+        dq = dq + beta * jnp.einsum("sb,bd->sd", a, k_b)
+        dk_b = beta * jnp.einsum("sb,sd->bd", a, q)
+        carry = (
+            dq,
+            dlse - jnp.sum(a, axis=1),
+            dw + jnp.sum(probs * u, axis=1),
+            dbeta + jnp.sum(a * qk),
+        )
+        return carry, dk_b
+
+    zeros = jnp.zeros((seq,), acc)
+    init = (jnp.zeros((seq, dim), acc), zeros, zeros, jnp.zeros((), acc))
+    (dq, dlse, dw, dbeta), dk = jax.lax.scan(body, init, (k_blocks, g_blocks, mask_blocks, starts))
+    return dq, dk.reshape(-1, dim)[:mem], dbeta, dlse, dw
 
 
 #: The `jax.nn.dot_product_attention` implementation of the fused path. Tests swap in `"xla"`
@@ -273,10 +361,56 @@ def _cudnn_key_cotangent(q, k, beta, weights):
 def _make_fused(method: str, exclude_self: bool, block_size: int):
     """The log-sum-exp as a `custom_vjp` (one per static configuration)."""
 
+    # The forward pass (log-sum-exp and attention output) has a custom_vjp of its own, so
+    # that differentiating the energy's gradient again -- training through a descent step --
+    # also runs block by block instead of storing every block's probabilities.
+    @jax.custom_vjp
+    def blockwise_forward(q, k, beta, mask):
+        return _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+
+    def blockwise_forward_fwd(q, k, beta, mask):
+        res = _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+        return res, (q, k, beta, mask, res)
+
+    def blockwise_forward_bwd(saved, cot):
+        q, k, beta, mask, res = saved
+        dq, dk, dbeta = _blockwise_forward_cotangents(
+            q, k, beta, mask, exclude_self, block_size, res, cot
+        )
+        return dq.astype(q.dtype), dk.astype(k.dtype), dbeta.astype(beta.dtype), None
+
+    blockwise_forward.defvjp(blockwise_forward_fwd, blockwise_forward_bwd)
+
+    # Likewise the keys' cotangent, which the Energy Transformer differentiates again (its
+    # keys are functions of the state).
+    @jax.custom_vjp
+    def key_cotangent(q, k, beta, mask, lse, weights):
+        return _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights)
+
+    def key_cotangent_fwd(q, k, beta, mask, lse, weights):
+        out = key_cotangent(q, k, beta, mask, lse, weights)
+        return out, (q, k, beta, mask, lse, weights)
+
+    def key_cotangent_bwd(saved, g):
+        q, k, beta, mask, lse, weights = saved
+        dq, dk, dbeta, dlse, dw = _blockwise_key_cotangent_vjp(
+            q, k, beta, mask, exclude_self, block_size, lse, weights, g
+        )
+        return (
+            dq.astype(q.dtype),
+            dk.astype(k.dtype),
+            dbeta.astype(beta.dtype),
+            None,
+            dlse.astype(lse.dtype),
+            dw.astype(weights.dtype),
+        )
+
+    key_cotangent.defvjp(key_cotangent_fwd, key_cotangent_bwd)
+
     def forward(q, k, beta, mask):
         if method == "cudnn":
             return _cudnn_forward(q, k, beta)
-        return _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+        return blockwise_forward(q, k, beta, mask)
 
     @jax.custom_vjp
     def lse_fn(q, k, beta, mask):
@@ -289,18 +423,16 @@ def _make_fused(method: str, exclude_self: bool, block_size: int):
     def bwd(residuals, cotangent):
         q, k, beta, mask, lse, out = residuals
         # d lse_i / d q_i = beta sum_j p_ij k_j = beta out_i: the attention output of the
-        # forward pass, so the queries' cotangent costs no second pass. (Writing it through
-        # `out` also keeps a derivative of this cotangent -- training through a descent step --
-        # correct: `out` is an ordinary function of q and k.)
+        # forward pass, so the queries' cotangent costs no second pass. Written through `out`,
+        # its own derivative (training through a descent step) is the forward pass's
+        # blockwise custom_vjp above.
         dq = (beta * cotangent)[:, None] * out
         # d lse_i / d beta = sum_j p_ij q_i . k_j = q_i . out_i
         dbeta = jnp.sum(cotangent * jnp.einsum("sd,sd->s", q.astype(out.dtype), out))
         if method == "cudnn":
             dk = beta * _cudnn_key_cotangent(q, k, beta, cotangent)
         else:
-            dk = beta * _blockwise_key_cotangent(
-                q, k, beta, mask, exclude_self, block_size, lse, cotangent
-            )
+            dk = beta * key_cotangent(q, k, beta, mask, lse, cotangent)
         return dq.astype(q.dtype), dk.astype(k.dtype), dbeta.astype(beta.dtype), None
 
     lse_fn.defvjp(fwd, bwd)
@@ -361,8 +493,9 @@ def attention_logsumexp(
     and memory. `"blockwise"` never holds a `(seq, mem)` matrix: its forward is a single online
     pass over blocks of keys that also accumulates the attention output, and its backward
     (a `jax.custom_vjp`) recomputes the probabilities block by block from the saved
-    log-sum-exp, flash-attention style. It can be differentiated again (training through an
-    attention step), by ordinary autodiff of its forward pass.
+    log-sum-exp, flash-attention style. Differentiating it again (training through an
+    attention step) is blockwise too: the forward pass has a flash-style `custom_vjp` of its
+    own.
 
     A row with nothing allowed has an empty sum, defined as 0 (no force). Scores accumulate in
     at least float32.
