@@ -199,7 +199,7 @@ def test_layers_pick_blockwise_above_the_threshold(monkeypatch, getkey):
 
 
 def test_fused_kernel_wiring_with_the_xla_kernel(monkeypatch, getkey):
-    # cuDNN needs a GPU; the same code path (layouts, residual log-sum-exp, the keys'
+    # cuDNN needs a GPU; the same code path (layouts, the float32 log-sum-exp, the keys'
     # cotangent through the kernel's vjp) runs here through the "xla" implementation.
     monkeypatch.setattr(_attention_lse, "_FUSED_KERNEL", "xla")
     monkeypatch.setattr(_attention_lse, "_FUSED", {})
@@ -214,6 +214,12 @@ def test_fused_kernel_wiring_with_the_xla_kernel(monkeypatch, getkey):
         jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, beta, m) for m in ("naive", "cudnn")
     )
     assert_trees_close(naive, fused, rtol=2e-5, atol=2e-5)
+
+    def through_step(q, k, method):  # training through the attention step
+        return jnp.sum(jnp.square(jax.grad(loss)(q, k, beta, method)))
+
+    naive, fused = (jax.grad(through_step, (0, 1))(q, k, m) for m in ("naive", "cudnn"))
+    assert_trees_close(naive, fused, rtol=1e-4, atol=1e-4)
 
 
 def test_bfloat16_inputs_accumulate_in_float32(getkey):

@@ -328,7 +328,7 @@ def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse
 
 
 #: The `jax.nn.dot_product_attention` implementation of the fused path. Tests swap in `"xla"`
-#: to check this path's wiring (layouts, residual, cotangents) on a CPU.
+#: to check this path's wiring (layouts, cotangents) on a CPU.
 _FUSED_KERNEL = "cudnn"
 
 
@@ -345,9 +345,13 @@ def _fused_attention(q, k, v, beta, **kwargs):
     )
 
 
-def _cudnn_forward(q, k, beta):
-    out, lse = _fused_attention(q, k, k, beta, return_residual=True)
-    return lse.reshape(q.shape[0]).astype(beta.dtype), out[0, :, 0, :].astype(beta.dtype)
+def _cudnn_forward(q, k, beta, block_size):
+    # The fused kernel's own log-sum-exp comes back cast to the inputs' half precision, so the
+    # energy's value is taken from the float32 online pass instead; when only the gradient
+    # (the attention output) is used, XLA drops that pass.
+    lse = _blockwise_forward(q, k, beta, None, False, block_size)[0]
+    out = _fused_attention(q, k, k, beta)
+    return lse, out[0, :, 0, :].astype(beta.dtype)
 
 
 def _cudnn_key_cotangent(q, k, beta, weights):
@@ -409,7 +413,7 @@ def _make_fused(method: str, exclude_self: bool, block_size: int):
 
     def forward(q, k, beta, mask):
         if method == "cudnn":
-            return _cudnn_forward(q, k, beta)
+            return _cudnn_forward(q, k, beta, block_size)
         return blockwise_forward(q, k, beta, mask)
 
     @jax.custom_vjp
