@@ -23,6 +23,7 @@ out = attend(layer, xs)  # xs: (batch, seq, dim), batch divisible by the number 
 ```
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,49 +139,50 @@ def data_parallel(fn: Callable, mesh: Mesh, *, method: str = "jit") -> Callable:
 
     **Returns:**
 
-    A compiled function `(module, *batch) -> batched outputs`.
+    A compiled function `(module, *batch) -> batched outputs`. Compilations are cached on
+    `(fn, mesh, method)` and the argument structure, so wrapping the same module-level `fn`
+    again reuses them.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _axis(mesh)
+    run = _run_jit if method == "jit" else _run_shard_map
+
+    def call(module: Any, *batch: Any) -> Any:
+        return run(fn, mesh, replicate(module, mesh), *shard_batch(batch, mesh))
+
+    return call
+
+
+# Module-level and jitted with `fn` and `mesh` as static (hashable) arguments: one compilation
+# per function, mesh and argument structure, however often `data_parallel` is called.
+@eqx.filter_jit
+def _run_jit(fn: Callable, mesh: Mesh, module: Any, *batch: Any) -> Any:
+    # The inputs arrive sharded (batch) and replicated (module); the constraint pins the
+    # outputs' batch axis to the mesh too, and GSPMD partitions everything in between.
+    out = _vmapped(fn)(module, *batch)
+    return jax.lax.with_sharding_constraint(out, batch_sharding(mesh))
+
+
+@eqx.filter_jit
+def _run_shard_map(fn: Callable, mesh: Mesh, module: Any, *batch: Any) -> Any:
     axis = _axis(mesh)
-    batched = _vmapped(fn)
+    params, static = eqx.partition(module, eqx.is_array)
 
-    if method == "jit":
+    def local(params: Any, *shard: Any) -> Any:
+        return _vmapped(fn)(eqx.combine(params, static), *shard)
 
-        @eqx.filter_jit
-        def run_jit(module: Any, *batch: Any) -> Any:
-            batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
-            out = batched(module, *batch)
-            return jax.lax.with_sharding_constraint(out, batch_sharding(mesh))
-
-        def call_jit(module: Any, *batch: Any) -> Any:
-            return run_jit(replicate(module, mesh), *shard_batch(batch, mesh))
-
-        return call_jit
-
-    @eqx.filter_jit
-    def run_shard_map(module: Any, *batch: Any) -> Any:
-        params, static = eqx.partition(module, eqx.is_array)
-
-        def local(params: Any, *shard: Any) -> Any:
-            return batched(eqx.combine(params, static), *shard)
-
-        sharded = jax.shard_map(
-            local,
-            mesh=mesh,
-            in_specs=(PartitionSpec(),) + (PartitionSpec(axis),) * len(batch),
-            out_specs=PartitionSpec(axis),
-            # The per-example function has no collectives. Equinox's runtime checks
-            # (`eqx.error_if`, used for NaN checks) are a `lax.cond` whose branches the
-            # varying-axes type check would reject inside shard_map.
-            check_vma=False,
-        )
-        return sharded(params, *batch)
-
-    def call_shard_map(module: Any, *batch: Any) -> Any:
-        return run_shard_map(replicate(module, mesh), *shard_batch(batch, mesh))
-
-    return call_shard_map
+    sharded = jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(PartitionSpec(),) + (PartitionSpec(axis),) * len(batch),
+        out_specs=PartitionSpec(axis),
+        # The per-example function has no collectives. Equinox's runtime checks
+        # (`eqx.error_if`, used for NaN checks) are a `lax.cond` whose branches the
+        # varying-axes type check would reject inside shard_map.
+        check_vma=False,
+    )
+    return sharded(params, *batch)
 
 
 def pmap_apply(fn: Callable, module: Any, *batch: Any, devices: Sequence[Any] | None = None) -> Any:
@@ -190,24 +192,43 @@ def pmap_apply(fn: Callable, module: Any, *batch: Any, devices: Sequence[Any] | 
     `fn(module, *example)` over its part (the module is broadcast to every device), and the
     outputs are reshaped back to `(B, ...)`. Prefer `data_parallel`; this exists for code
     built around `pmap`.
+
+    `jax.pmap` still works, without a deprecation warning, in JAX 0.10 to 0.12, where it is
+    implemented on top of `jax.shard_map`: its outputs are ordinary global arrays (a
+    `NamedSharding` over the devices), so the reshaped result stays spread over them.
+
+    **Arguments:**
+
+    - `fn`: the per-example function `fn(module, *example)`.
+    - `module`: broadcast to every device (`in_axes=None`).
+    - `batch`: arrays whose leading axis is divisible by the number of devices.
+    - `devices`: the devices to map over (default `jax.local_devices()`).
+
+    **Returns:**
+
+    The batched outputs, leading axis `B`.
     """
     devices = list(jax.local_devices() if devices is None else devices)
     n = len(devices)
     _check_batch(batch, n)
     split = jax.tree.map(lambda x: jnp.reshape(x, (n, -1) + jnp.shape(x)[1:]), batch)
-    out = eqx.filter_pmap(_vmapped(fn), in_axes=(None,) + (0,) * len(batch), devices=devices)(
-        module, *split
-    )
+    out = _pmapped(fn, len(batch), tuple(devices))(module, *split)
     return jax.tree.map(lambda x: jnp.reshape(x, (-1,) + x.shape[2:]), out)
+
+
+@functools.lru_cache(maxsize=64)
+def _pmapped(fn: Callable, num_batch: int, devices: tuple) -> Callable:
+    # Cached, so calling `pmap_apply` again with the same function reuses its compilation.
+    return eqx.filter_pmap(_vmapped(fn), in_axes=(None,) + (0,) * num_batch, devices=list(devices))
 
 
 def sharded_train_step(
     loss_fn: Callable[..., Array], optimizer: optax.GradientTransformation, mesh: Mesh
 ) -> Callable:
-    """A data-parallel training step: batch sharded over the mesh, parameters replicated.
+    r"""A data-parallel training step: batch sharded over the mesh, parameters replicated.
 
-    $$\\theta \\leftarrow \\mathrm{update}\\Big(\\nabla_\\theta \\frac1B\\sum_{b=1}^B
-      \\ell(\\theta; x_b)\\Big)$$
+    $$\theta \leftarrow \mathrm{update}\Big(\nabla_\theta \frac1B\sum_{b=1}^B
+      \ell(\theta; x_b)\Big)$$
 
     `loss_fn(model, *example)` is the loss of one example. The step vmaps it over the batch,
     takes the mean and its gradient with respect to the model's inexact arrays, and applies
@@ -225,25 +246,43 @@ def sharded_train_step(
 
     `step(model, opt_state, *batch) -> (model, opt_state, loss)`.
     """
-    batched = _vmapped(loss_fn)
-
-    @eqx.filter_jit
-    def run(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
-        batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
-
-        def mean_loss(model: Any) -> Array:
-            return jnp.mean(batched(model, *batch))
-
-        loss, grads = eqx.filter_value_and_grad(mean_loss)(model)
-        updates, opt_state = optimizer.update(
-            grads, opt_state, eqx.filter(model, eqx.is_inexact_array)
-        )
-        return eqx.apply_updates(model, updates), opt_state, loss
 
     def step(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
-        return run(replicate(model, mesh), replicate(opt_state, mesh), *shard_batch(batch, mesh))
+        return _train_step(
+            loss_fn,
+            optimizer,
+            mesh,
+            replicate(model, mesh),
+            replicate(opt_state, mesh),
+            *shard_batch(batch, mesh),
+        )
 
     return step
+
+
+@eqx.filter_jit
+def _train_step(
+    loss_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    model: Any,
+    opt_state: Any,
+    *batch: Any,
+) -> tuple[Any, Any, Array]:
+    # `loss_fn`, `optimizer` (a tuple of functions) and `mesh` are static: one compilation per
+    # training set-up. The batch arrives sharded; the mean over it, and so the gradient, is
+    # a cross-device sum that GSPMD inserts.
+    def mean_loss(model: Any) -> Array:
+        return jnp.mean(_vmapped(loss_fn)(model, *batch))
+
+    loss, grads = eqx.filter_value_and_grad(mean_loss)(model)
+    updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+    # The new parameters are replicated like the old ones (pinned, so the compiler cannot
+    # leave them sharded).
+    model = eqx.apply_updates(model, updates)
+    params, static = eqx.partition(model, eqx.is_array)
+    params, opt_state = jax.lax.with_sharding_constraint((params, opt_state), replicated(mesh))
+    return eqx.combine(params, static), opt_state, loss
 
 
 def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:
@@ -252,7 +291,11 @@ def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:
     On one process this is [`shard_batch`][energyattn.parallel.shard_batch]; on several, each
     process passes its local rows (`B / num_processes` of them, in process order) and gets
     a global array of `B` rows (`jax.make_array_from_process_local_data`).
+
+    **Raises:** `ValueError` naming the shape when a local batch size is not divisible by
+    this process's number of devices in the mesh.
     """
+    _check_batch(local_batch, len(mesh.local_devices))
     sharding = batch_sharding(mesh)
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch
@@ -265,7 +308,7 @@ def initialize(
     process_id: int,
     *,
     local_device_ids: Sequence[int] | None = None,
-    cpu_collectives: str | None = "gloo",
+    cpu_collectives: str | None = None,
 ) -> None:
     """Join a multi-process (multi-host) JAX job; call it first, before any computation.
 
@@ -281,15 +324,31 @@ def initialize(
     TPU clusters whose scheduler JAX recognises (SLURM, Cloud TPU, ...) the arguments can be
     detected automatically by calling `jax.distributed.initialize()` directly.
 
+    Every process must run the same sharded computations in the same order (SPMD). A
+    result sharded over the mesh holds only this process's rows; reduce it with an output
+    sharding of [`replicated`][energyattn.parallel.replicated] to read a global value on
+    every process.
+
+    ```python
+    # on host i of n (same script everywhere), before anything else touches JAX:
+    ea.parallel.initialize("host0:1234", n, i)
+    mesh = ea.parallel.make_mesh()  # all devices of all hosts
+    xs = ea.parallel.global_batch(my_rows, mesh)  # this host's B / n examples
+    out = ea.parallel.data_parallel(lambda layer, x: layer(x), mesh)(layer, xs)
+    total = jax.jit(jnp.sum, out_shardings=ea.parallel.replicated(mesh))(out)
+    jax.distributed.shutdown()
+    ```
+
     **Arguments:**
 
     - `coordinator_address`: `"host:port"` of process 0.
     - `num_processes`: the number of processes.
     - `process_id`: this process's index.
     - `local_device_ids`: restrict this process to some of its local devices.
-    - `cpu_collectives`: the CPU backend's cross-process collectives (`"gloo"`, the default,
-      works between processes on CPUs; `None` leaves JAX's setting alone). Only CPU devices
-      are affected.
+    - `cpu_collectives`: the CPU backend's cross-process collectives, `"gloo"` or `"mpi"`
+      (`jax_cpu_collectives_implementation`). The default `None` keeps JAX's setting, which
+      is `"gloo"` unless changed (JAX 0.10 to 0.12), and gloo is what CPU processes need to
+      exchange data; only CPU devices are affected.
     """
     num_processes = positive_int("num_processes", num_processes)
     process_id = positive_int("process_id", process_id, minimum=0)

@@ -3,11 +3,13 @@
 Every multi-device result must equal the same computation on one device.
 """
 
+import functools
 import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import equinox as eqx
 import jax
@@ -32,6 +34,7 @@ def mesh():
     return ea.parallel.make_mesh(8)
 
 
+@functools.cache
 def layers():
     key = jr.key(0)
     return {
@@ -59,25 +62,33 @@ def test_layers_on_8_devices_equal_one_device(mesh, name):
         assert {s.data.shape[0] for s in out.addressable_shards} == {BATCH // 8}
         np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
     out = ea.parallel.pmap_apply(apply, layer, xs)
+    assert len(out.sharding.device_set) == 8  # jax.pmap's outputs stay on its 8 devices
     np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_several_batch_arguments_and_a_model(mesh):
     # A task model with two batched inputs (images and patch masks).
     model = ea.models.ImageEnergyTransformer(
-        image_shape=(1, 8, 8),
+        image_shape=(1, 4, 4),
         patch_size=2,
         dim=8,
         num_heads=2,
         head_dim=4,
         num_memories=6,
-        num_steps=2,
+        num_steps=1,
         key=jr.key(2),
     )
-    images = jr.uniform(jr.key(3), (BATCH, 1, 8, 8))
-    masks = jnp.zeros((BATCH, 16), bool).at[:, 3].set(True).at[:, 9].set(True)
-    expected = jax.vmap(ea.models.masked_patch_mse, in_axes=(None, 0, 0))(model, images, masks)
-    out = ea.parallel.data_parallel(ea.models.masked_patch_mse, mesh)(model, images, masks)
+    images = np.random.default_rng(3).uniform(size=(BATCH, 1, 4, 4))
+    masks = np.zeros((BATCH, model.num_patches), bool)
+    masks[:, 1] = masks[::2, 2] = True
+    expected = eqx.filter_jit(jax.vmap(ea.models.masked_patch_mse, in_axes=(None, 0, 0)))(
+        model, images, masks
+    )
+    # shard_map with one in_spec per batch argument (the jit path with two batch arguments
+    # is the training step's below).
+    run = ea.parallel.data_parallel(ea.models.masked_patch_mse, mesh, method="shard_map")
+    out = run(model, images, masks)
+    assert out.shape == (BATCH,) and len(out.sharding.device_set) == 8
     np.testing.assert_allclose(out, expected, rtol=1e-12)
 
 
@@ -121,8 +132,14 @@ def test_bad_input(mesh, user_mode):
         ea.parallel.pmap_apply(apply, layer, jnp.ones((12, 5, 8)))
     with pytest.raises(ValueError, match="method must be one of"):
         ea.parallel.data_parallel(apply, mesh, method="pmap")
+    with pytest.raises(ValueError, match=r"got an array of shape \(12, 5, 8\)"):
+        ea.parallel.shard_batch({"x": jnp.ones((16, 5)), "y": jnp.ones((12, 5, 8))}, mesh)
+    with pytest.raises(ValueError, match=r"divisible by the 8 devices, got .* shape \(4,\)"):
+        ea.parallel.global_batch(np.ones(4), mesh)
     with pytest.raises(ValueError, match="num_devices=9 but only 8 devices"):
         ea.parallel.make_mesh(9)
+    with pytest.raises(ValueError, match="num_devices must be a positive integer, got 0"):
+        ea.parallel.make_mesh(0)
     with pytest.raises(ValueError, match="process_id must be < num_processes=2"):
         ea.parallel.initialize("localhost:1", 2, 2)
 
@@ -130,6 +147,7 @@ def test_bad_input(mesh, user_mode):
 WORKER = textwrap.dedent(
     """
     import sys
+    import equinox as eqx
     import jax, jax.numpy as jnp, jax.random as jr, numpy as np
     import energyattn as ea
 
@@ -138,12 +156,20 @@ WORKER = textwrap.dedent(
     assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
     mesh = ea.parallel.make_mesh()
     layer = ea.nn.HopfieldAttention(8, num_heads=2, key=jr.key(0))
-    xs = np.asarray(jr.normal(jr.key(1), (8, 5, 8)))
+    xs = np.random.default_rng(1).normal(size=(8, 5, 8)).astype(np.float32)
     local = xs[4 * pid : 4 * (pid + 1)]  # each process loads its own half of the batch
-    run = ea.parallel.data_parallel(lambda l, x: jnp.sum(l(x) ** 2), mesh)
-    out = run(layer, ea.parallel.global_batch(local, mesh))
+
+    def square_norm(layer, x):
+        return jnp.sum(layer(x) ** 2)
+
+    out = ea.parallel.data_parallel(square_norm, mesh)(layer, ea.parallel.global_batch(local, mesh))
+    assert out.shape == (8,) and len(out.sharding.device_set) == 4
+    # The global sum is a cross-process reduction; replicated, so every process reads it.
     total = jax.jit(jnp.sum, out_shardings=ea.parallel.replicated(mesh))(out)
-    expected = jnp.sum(jax.vmap(lambda x: jnp.sum(layer(x) ** 2))(jnp.asarray(xs)))
+    # The same sum computed by this process alone, on one device.
+    expected = eqx.filter_jit(lambda l, x: jnp.sum(jax.vmap(square_norm, (None, 0))(l, x)))(
+        layer, xs
+    )
     print("RESULT", pid, float(total), float(expected), flush=True)
     jax.distributed.shutdown()
     """
@@ -174,10 +200,16 @@ def test_two_processes_on_loopback(tmp_path):
         )
         for pid in (0, 1)
     ]
+    # One deadline for both: a process waiting for a peer that died must not hang the suite.
+    deadline = time.monotonic() + 120
     outputs = []
     try:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=180)[0])
+            try:
+                outputs.append(proc.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                pytest.fail(f"two-process run timed out after 120 s:\n{proc.communicate()[0]}")
     finally:
         for proc in procs:
             proc.kill()
