@@ -62,15 +62,16 @@ def select_implementation(
     backend: str | None = None,
     threshold: int | None = None,
 ) -> str:
-    """Resolve `implementation` to `"naive"`, `"blockwise"` or `"cudnn"`.
+    r"""Resolve `implementation` to `"naive"`, `"blockwise"` or `"cudnn"`.
 
     `"auto"` takes cuDNN's fused attention when the backend is a GPU, the inputs are float16 or
     bfloat16 (the dtypes cuDNN's flash attention accepts), the head size is a multiple of 8 up
     to 128, and there is no mask (an explicit mask or the excluded diagonal): the fused kernel
     cannot reproduce this package's convention for rows with nothing to attend to. Otherwise
     it takes the blockwise path when the score matrices would hold more than `threshold`
-    entries (`entries = heads * seq * mem`), and the naive path below that, where the blockwise
-    recomputation costs more time than the memory it saves is worth.
+    entries (`entries = heads * seq * mem`; default `BLOCKWISE_THRESHOLD` $= 2^{18}$), and the
+    naive path below that: small problems, where both cost the same on a CPU and the plain
+    program is the simpler one to compile and read.
 
     An explicit `"cudnn"` off a GPU, or with a mask, is a `ValueError` (it would otherwise fail
     deep inside XLA).
