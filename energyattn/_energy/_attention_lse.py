@@ -176,6 +176,14 @@ def _block_allowed(seq, start, block_size, mem, mask_block, exclude_self):
     return allowed
 
 
+def _block_probs(scores, shift, allowed):
+    """`exp(scores - shift)` on the allowed entries of a block, 0 elsewhere. Double `where`: a
+    NaN/inf in a disallowed score cannot reach `exp` (nor its gradient)."""
+    if allowed is None:
+        return jnp.exp(scores - shift[:, None])
+    return jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - shift[:, None]), 0.0)
+
+
 def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
     """One pass over key blocks: the log-sum-exp and the attention output
     $\\sum_j p_{ij} k_j$ (running max, rescaled partial sums)."""
@@ -195,11 +203,7 @@ def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
             new_max = jnp.maximum(run_max, jnp.max(jnp.where(allowed, scores, -jnp.inf), axis=1))
         # Rows with nothing allowed so far keep a max of -inf; shift them by 0 instead.
         shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-        if allowed is None:
-            probs = jnp.exp(scores - shift[:, None])
-        else:
-            # Double `where`: a NaN/inf in a disallowed score cannot reach `exp`.
-            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - shift[:, None]), 0)
+        probs = _block_probs(scores, shift, allowed)
         rescale = jnp.exp(run_max - shift)
         total = total * rescale + jnp.sum(probs, axis=1)
         out = out * rescale[:, None] + jnp.einsum(
@@ -245,10 +249,8 @@ def _blockwise_forward_cotangents(q, k, beta, mask, exclude_self, block_size, re
         qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
         scores = beta * qk
         allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
-        if allowed is None:
-            probs = jnp.exp(scores - lse[:, None])
-        else:
-            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - lse[:, None]), 0)
+        probs = _block_probs(scores, lse, allowed)
+        if allowed is not None:
             qk = jnp.where(allowed, qk, 0.0)
         d_scores = probs * (jnp.einsum("sd,bd->sb", d_out, k_b) + row_term[:, None])
         dq = dq + beta * jnp.einsum("sb,bd->sd", d_scores, k_b)
@@ -272,10 +274,7 @@ def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, we
         k_b, mask_b, start = xs
         scores = beta * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
         allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
-        if allowed is None:
-            probs = jnp.exp(scores - lse[:, None])
-        else:
-            probs = jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - lse[:, None]), 0)
+        probs = _block_probs(scores, lse, allowed)
         return jnp.einsum("sb,sd->bd", probs, weighted_q)
 
     grads = jax.lax.map(one_block, (k_blocks, mask_blocks, starts))
@@ -304,11 +303,9 @@ def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse
         k_b, g_b, mask_b, start = xs
         qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
         allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
-        if allowed is None:
-            probs = jnp.exp(beta * qk - lse[:, None])
-        else:
+        probs = _block_probs(beta * qk, lse, allowed)
+        if allowed is not None:
             qk = jnp.where(allowed, qk, 0.0)
-            probs = jnp.where(allowed, jnp.exp(beta * qk - lse[:, None]), 0)
         u = jnp.einsum("sd,bd->sb", q, g_b, preferred_element_type=acc)
         a = weights[:, None] * u * probs
         dq = dq + jnp.einsum("sb,bd->sd", weights[:, None] * probs, g_b)
