@@ -2,6 +2,7 @@
 
     OPENBLAS_NUM_THREADS=1 taskset -c 0 python benchmarks/run.py [--quick] [--only NAME ...]
     OPENBLAS_NUM_THREADS=1 taskset -c 0 python -m benchmarks [--quick]
+    energyattn bench --quick --out DIR      (the same, from the package's command)
 
 `--quick` passes `--quick` to each script (small sizes, few repeats): the whole suite then
 finishes in under 5 minutes on one CPU core. Each script compares against a baseline measured
@@ -30,7 +31,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (< 5 min)")
     parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS), help="run only these")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the JSON rows here instead of benchmarks/results/",
+    )
     args = parser.parse_args(argv)
+    if args.results is not None:
+        import _common
+
+        _common.RESULTS = args.results  # write_rows reads it when it saves
     names = args.only or list(BENCHMARKS)
     seconds = {}
     began = time.perf_counter()

@@ -177,7 +177,12 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    classify.add_argument("--out", default="energyattn-classify", metavar="DIR")
+    classify.add_argument(
+        "--out",
+        default="energyattn-classify",
+        metavar="DIR",
+        help="output folder (created if needed)",
+    )
     classify.add_argument("--mnist", default=None, metavar="PATH", help="local MNIST folder/npz")
     classify.add_argument("--train-steps", type=_int_at_least(1), default=3000, metavar="N")
     classify.add_argument(
@@ -201,7 +206,12 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    attractor.add_argument("--out", default="energyattn-attractor", metavar="DIR")
+    attractor.add_argument(
+        "--out",
+        default="energyattn-attractor",
+        metavar="DIR",
+        help="output folder (created if needed)",
+    )
     attractor.add_argument(
         "--train-steps",
         type=_int_at_least(1),
@@ -233,7 +243,232 @@ def _parser() -> argparse.ArgumentParser:
     attractor.add_argument("--seed", type=int, default=0)
     attractor.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     attractor.set_defaults(run=lambda args: _attractor(args, attractor))
+
+    landscape = commands.add_parser(
+        "landscape",
+        help="draw attention in flatland: 2-D energy landscapes and the beta-d_k contour",
+        description=(
+            "Attention as energy minimisation in two dimensions: 16 state patterns descend the "
+            "log-sum-exp energy of 32 stored patterns (one gradient step of size 1 is softmax "
+            "attention) in seven scenarios: bare cross-attention, small steps, many big steps, "
+            "low and high beta, Q/K/V-transformed, bare self-attention. Writes one "
+            "flatland_<scenario>.png each, flatland.png (all panels), flatland_energies.png "
+            "(energy against step), and self_attention_contour.png: the norm ||X - X'|| of one "
+            "bare self-attention step of 32 patterns over d_k in [2, --max-dim] and "
+            "beta = s/sqrt(d_k), s in [0.2, 2], in float32 and float64. Prints and saves "
+            "(metrics.json) the norm at d_k = 512, s = 1 for 8 patterns (the seed's 5.6e-6). "
+            "Needs the extras: pip install 'energyattn[examples]'."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    landscape.add_argument(
+        "--out",
+        default="energyattn-landscape",
+        metavar="DIR",
+        help="output folder (created if needed)",
+    )
+    landscape.add_argument(
+        "--states", type=_int_at_least(1), default=16, metavar="N", help="state patterns"
+    )
+    landscape.add_argument(
+        "--memories", type=_int_at_least(1), default=32, metavar="M", help="stored patterns"
+    )
+    landscape.add_argument(
+        "--max-dim", type=_int_at_least(2), default=1024, metavar="D", help="largest d_k"
+    )
+    landscape.add_argument(
+        "--num-dims", type=_int_at_least(2), default=100, metavar="K", help="d_k values"
+    )
+    landscape.add_argument(
+        "--num-scales", type=_int_at_least(2), default=50, metavar="K", help="scale values"
+    )
+    landscape.add_argument(
+        "--grid", type=_int_at_least(2), default=120, metavar="P", help="landscape grid points"
+    )
+    landscape.add_argument("--seed", type=int, default=0, help="seed of patterns and maps")
+    landscape.set_defaults(run=lambda args: _landscape(args, landscape))
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="sweep the vector-spin model of AFEM: phi(t), inverse temperature, couplings",
+        description=(
+            "Build a vector-spin system from a VectorSpinAttention layer (couplings J, fields "
+            "H = LayerNorm(x)/sqrt(D) of inputs x ~ N(0, 1/D)), sweep the auxiliary variable t "
+            "of phi(t) and the inverse temperature beta, solve the saddle point t* (safeguarded "
+            "Newton) at each beta, and report t*, log Z, the free energy F = -log Z / beta and "
+            "the magnetizations m = d log Z / dH. Writes phi.png, beta_sweep.png, "
+            "landscape.png (two spins), couplings.png and metrics.json into --out. "
+            "Needs the extras: pip install 'energyattn[examples]'."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sweep.add_argument(
+        "--out", default="energyattn-sweep", metavar="DIR", help="output folder (created if needed)"
+    )
+    sweep.add_argument("--spins", type=_int_at_least(2), default=32, metavar="N")
+    sweep.add_argument("--dim", type=_int_at_least(1), default=128, metavar="D")
+    sweep.add_argument(
+        "--betas",
+        type=_number(lambda v: v > 0, "> 0"),
+        nargs="+",
+        default=None,
+        metavar="BETA",
+        help="inverse temperatures of the sweep (default: 13 values from 0.05 to 20, log-spaced)",
+    )
+    sweep.add_argument(
+        "--beta",
+        type=_number(lambda v: v > 0, "> 0"),
+        default=1.0,
+        help="inverse temperature of phi.png and landscape.png",
+    )
+    sweep.add_argument(
+        "--input-dependent", action="store_true", help="couplings J(H) from query/key maps"
+    )
+    sweep.add_argument(
+        "--grid", type=_int_at_least(2), default=400, metavar="P", help="points of the t sweeps"
+    )
+    sweep.add_argument("--seed", type=int, default=0)
+    sweep.set_defaults(run=lambda args: _sweep(args, sweep))
+
+    bench = commands.add_parser(
+        "bench",
+        help="run the benchmarks (ratios against baselines measured in the same run)",
+        description=(
+            "Run benchmarks/run.py of a source checkout with this Python: energy attention vs "
+            "hand-written softmax attention and dot_product_attention, the memory of the "
+            "attention step, ea.descend vs a hand-written lax.scan, fixed-point solvers and "
+            "implicit gradients, and the spin saddle point vs one Cholesky. The JSON rows go "
+            "to --out. The benchmarks are not installed with the package: run this from a "
+            "checkout (or give --benchmarks). Pin it to one core for stable numbers: "
+            "OPENBLAS_NUM_THREADS=1 taskset -c 0 energyattn bench --quick."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    bench.add_argument(
+        "--out", default="energyattn-bench", metavar="DIR", help="output folder (created if needed)"
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="small sizes, few repeats (under 5 min on a core)"
+    )
+    bench.add_argument(
+        "--only", nargs="+", default=None, metavar="NAME", help="run only these benchmarks"
+    )
+    bench.add_argument(
+        "--benchmarks",
+        default=None,
+        metavar="DIR",
+        help="the benchmarks folder (default: ./benchmarks, else the one beside the package)",
+    )
+    bench.set_defaults(run=lambda args: _bench(args, bench))
     return parser
+
+
+def _landscape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ._landscape_demo import run_landscape_demo
+
+    start = time.perf_counter()
+    print(f"energyattn landscape: attention in flatland, seed {args.seed}")
+    try:
+        metrics = run_landscape_demo(
+            args.out,
+            num_states=args.states,
+            num_memories=args.memories,
+            max_dim=args.max_dim,
+            num_dims=args.num_dims,
+            num_scales=args.num_scales,
+            num_points=args.grid,
+            seed=args.seed,
+            progress=lambda line: print(f"  {line}", flush=True),
+        )
+    except ImportError as error:
+        print(f"energyattn landscape: {error}", file=sys.stderr)
+        return 1
+    except ValueError as error:
+        parser.error(str(error))
+    at_512 = metrics["displacement_at_512"]
+    print()
+    print(
+        f"||X - X'|| at d_k=512, beta=1/sqrt(512), 8 patterns: float32 median "
+        f"{at_512['float32']['median']:.2e}, float64 median {at_512['float64']['median']:.2e}"
+    )
+    print(
+        f"done in {time.perf_counter() - start:.1f} s; {len(metrics['files'])} files in {args.out}"
+    )
+    return 0
+
+
+def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ._sweep_demo import DEFAULT_BETAS, run_sweep_demo
+
+    start = time.perf_counter()
+    print(f"energyattn sweep: vector-spin model, {args.spins} spins of dimension {args.dim}")
+    try:
+        metrics = run_sweep_demo(
+            args.out,
+            num_spins=args.spins,
+            dim=args.dim,
+            betas=args.betas or DEFAULT_BETAS,
+            beta=args.beta,
+            input_dependent=args.input_dependent,
+            num_points=args.grid,
+            seed=args.seed,
+            progress=lambda line: print(f"  {line}", flush=True),
+        )
+    except ImportError as error:
+        print(f"energyattn sweep: {error}", file=sys.stderr)
+        return 1
+    except ValueError as error:
+        parser.error(str(error))
+    print()
+    print(f"{'beta':>9s} {'t* (mean)':>10s} {'log Z':>11s} {'F':>11s} {'|m|':>9s}")
+    for row in metrics["sweep"]:
+        print(
+            f"{row['beta']:9.4f} {row['t_star_mean']:10.4f} {row['log_partition']:11.4f} "
+            f"{row['free_energy']:11.4f} {row['magnetization_norm']:9.4f}"
+        )
+    print(f"done in {time.perf_counter() - start:.1f} s; files in {args.out}")
+    return 0
+
+
+def _find_benchmarks(given: str | None) -> Path | None:
+    if given is not None:
+        candidates = [Path(given)]
+    else:
+        from . import __file__ as package_file
+
+        candidates = [
+            Path.cwd() / "benchmarks",
+            Path(package_file).resolve().parents[1] / "benchmarks",
+        ]
+    return next((c for c in candidates if (c / "run.py").is_file()), None)
+
+
+def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import os
+    import subprocess
+
+    folder = _find_benchmarks(args.benchmarks)
+    if folder is None:
+        where = args.benchmarks or "./benchmarks or beside the installed package"
+        print(
+            f"energyattn bench: no benchmarks/run.py found ({where}). The benchmarks ship with "
+            "the source, not the wheel: run this from a checkout of energyattn, or pass "
+            "--benchmarks DIR.",
+            file=sys.stderr,
+        )
+        return 1
+    out = Path(args.out).resolve()
+    command = [sys.executable, str(folder / "run.py"), "--results", str(out)]
+    command += ["--quick"] if args.quick else []
+    command += ["--only", *args.only] if args.only else []
+    print(f"energyattn bench: {' '.join(command[1:])}", flush=True)
+    # Unpinned BLAS threads make CPU linear algebra much slower; keep the user's choice if any.
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    status = subprocess.run(command, env=env, check=False).returncode
+    if status == 0:
+        print(f"results in {out}")
+    return status
 
 
 def _attractor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -312,11 +312,13 @@ def plot_spin_beta_sweep(
       \operatorname{Tr}\!\left(H^\top (tI - J)^{-1} H\right),
       \qquad F(\beta) = -\frac1\beta \log Z$$
 
-    Left: one curve of $\varphi$ (scalar mode) per $\beta$, each with its minimum $t^*(\beta)$
-    marked: at small $\beta$ (high temperature) the entropy term $-\frac12\log\det$ dominates
-    and $t^*$ is large, at large $\beta$ the energy terms take over. Right: $t^*$ and the
-    free energy [`ea.spin.free_energy`][energyattn.spin.free_energy] (scalar mode) against
-    $\beta$.
+    Left: one curve of $\varphi(t) - \varphi(t^*)$ (scalar mode) per $\beta$, shifted so that
+    each curve's minimum, at $t^*(\beta)$ (marked), is 0: at small $\beta$ (high
+    temperature) the entropy term $-\frac12\log\det$ dominates and $t^*$ is large, at large
+    $\beta$ the energy terms take over. Right: $t^*$ and the free energy
+    [`ea.spin.free_energy`][energyattn.spin.free_energy] (scalar mode) against $\beta$.
+    Axes spanning more than a factor of 20 ($t$ on the left, $\beta$ on the right) are
+    logarithmic.
 
     **Arguments:**
 
@@ -346,18 +348,26 @@ def plot_spin_beta_sweep(
     if t_range is None:
         edge = float(np.linalg.eigvalsh(np.asarray(J, np.float64))[-1])
         t_range = (edge, float(t_stars.max()) + 2.0 * float(t_stars.max() - edge))
-    ts = _t_grid(J, float(t_stars.max()), t_range, num_points)
+    low, high = (float(v) for v in t_range)
+    if low > 0 and high / low > 20:  # t* spans decades: sample and draw t logarithmically
+        if not low < high:
+            raise ValueError(f"t_range must be (low, high) with low < high, got {t_range!r}")
+        ts = np.geomspace(low, high, num_points)
+    else:
+        ts = _t_grid(J, float(t_stars.max()), t_range, num_points)
     figure = _figure(figsize=(10.0, 3.6))
     left, right = figure.subplots(1, 2)
     drawn = []
     for i, beta in enumerate(betas):
-        phi = _phi_on_scalar_grid(J, H, np.asarray(beta, H.dtype), ts)["phi"]
+        phi = _phi_on_scalar_grid(J, H, np.asarray(beta, H.dtype), ts)["phi"] - phi_stars[i]
         left.plot(ts, phi, color=f"C{i % 10}", label=rf"$\beta$ = {beta:.3g}")
-        left.plot(t_stars[i], phi_stars[i], "o", color=f"C{i % 10}", markersize=4)
+        left.plot(t_stars[i], 0.0, "o", color=f"C{i % 10}", markersize=4)
         drawn.append(phi)
     _clip_ylim(left, *drawn)
+    if ts[0] > 0 and ts[-1] / ts[0] > 20:
+        left.set_xscale("log")
     left.set_xlabel("$t$")
-    left.set_ylabel(r"$\varphi(t)$")
+    left.set_ylabel(r"$\varphi(t) - \varphi(t^*)$")
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
     right.plot(betas, t_stars, marker="o", markersize=3, color="C0", label="$t^*$")
@@ -366,6 +376,8 @@ def plot_spin_beta_sweep(
     twin = right.twinx()
     twin.plot(betas, energies, marker="s", markersize=3, color="C3", label="$F$")
     twin.set_ylabel(r"free energy $F$", color="C3")
+    if betas.min() > 0 and betas.max() / betas.min() > 20:
+        right.set_xscale("log")
     right.grid(alpha=0.3)
     return _save(figure, path, title, fontsize=11)
 
@@ -495,4 +507,518 @@ def plot_curves(
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(figure, path, title, fontsize=11)
+
+
+def _landscape_points(name: str, points: Any, ndim: int, dims: str) -> np.ndarray | None:
+    if points is None:
+        return None
+    points = np.asarray(points)
+    if points.ndim != ndim or points.shape[-1] != 2:
+        raise ValueError(
+            f"{name} must have shape ({dims}, 2): the landscape is two-dimensional, "
+            f"got {points.shape}"
+        )
+    return points.astype(np.float64)
+
+
+def _check_landscape(
+    energy: Any, trajectory: Any, memory: Any, outputs: Any
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    if not callable(energy):
+        raise ValueError(f"energy must be a callable of one point of shape (2,), got {energy!r}")
+    trajectory = _landscape_points("trajectory", trajectory, 3, "steps + 1, seq")
+    memory = _landscape_points("memory", memory, 2, "mem")
+    outputs = _landscape_points("outputs", outputs, 2, "seq")
+    if outputs is not None and outputs.shape != trajectory.shape[1:]:
+        raise ValueError(
+            f"outputs must have shape {trajectory.shape[1:]} (one per state), got {outputs.shape}"
+        )
+    return trajectory, memory, outputs
+
+
+def _landscape_extent(*point_sets: np.ndarray | None, margin: float = 0.15) -> tuple[float, ...]:
+    points = np.concatenate([p.reshape(-1, 2) for p in point_sets if p is not None])
+    points = points[np.all(np.isfinite(points), axis=1)]
+    low, high = points.min(axis=0), points.max(axis=0)
+    centre, half = (low + high) / 2, max(float(np.max(high - low)) / 2, 0.5) * (1 + margin)
+    return (centre[0] - half, centre[0] + half, centre[1] - half, centre[1] + half)
+
+
+def _draw_landscape(
+    figure: Any,
+    ax: Any,
+    energy: Any,
+    trajectory: np.ndarray,
+    memory: np.ndarray | None,
+    outputs: np.ndarray | None,
+    extent: Any,
+    num_points: int,
+    colorbar: bool,
+) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from ._checks import positive_int
+
+    num_points = positive_int("num_points", num_points, minimum=2)
+    x0, x1, y0, y1 = _landscape_extent(trajectory, memory, outputs) if extent is None else extent
+    if not (x0 < x1 and y0 < y1):
+        raise ValueError(f"extent must be (xmin, xmax, ymin, ymax) with min < max, got {extent!r}")
+    xs, ys = np.linspace(x0, x1, num_points), np.linspace(y0, y1, num_points)
+    grid = np.stack(np.meshgrid(xs, ys, indexing="xy"), axis=-1).reshape(-1, 2)
+    values = np.asarray(jax.jit(jax.vmap(energy))(jnp.asarray(grid, jnp.float32)), np.float64)
+    if values.shape != (grid.shape[0],):
+        raise ValueError(
+            f"energy must map one point of shape (2,) to a scalar, got shape {values.shape[1:]}"
+        )
+    values = values.reshape(num_points, num_points)
+    filled = ax.contourf(xs, ys, values, levels=24, cmap="viridis")
+    ax.contour(xs, ys, values, levels=12, colors="white", linewidths=0.3, alpha=0.6)
+    if colorbar:
+        figure.colorbar(filled, ax=ax, label="energy", shrink=0.85)
+    if memory is not None:
+        ax.scatter(
+            *memory.T,
+            s=36,
+            facecolors="none",
+            edgecolors="#1f5fff",
+            linewidths=1.4,
+            label="stored patterns",
+            zorder=3,
+        )
+    ax.scatter(*trajectory[0].T, s=22, color="#e8202a", label="initial states", zorder=4)
+    for step in range(trajectory.shape[0] - 1):
+        for start, end in zip(trajectory[step], trajectory[step + 1], strict=True):
+            ax.annotate(
+                "",
+                xy=end,
+                xytext=start,
+                zorder=4,
+                arrowprops={"arrowstyle": "->", "color": "#e8202a", "lw": 0.9},
+            )
+    ax.scatter(
+        *trajectory[-1].T,
+        s=40,
+        marker="x",
+        color="#e8202a",
+        linewidths=1.6,
+        label=f"after {trajectory.shape[0] - 1} step(s)",
+        zorder=5,
+    )
+    if outputs is not None:
+        for start, end in zip(trajectory[-1], outputs, strict=True):
+            ax.annotate(
+                "",
+                xy=end,
+                xytext=start,
+                zorder=5,
+                arrowprops={"arrowstyle": "->", "color": "#ffd400", "lw": 0.9},
+            )
+        ax.scatter(
+            *outputs.T,
+            s=40,
+            marker="x",
+            color="#ffd400",
+            linewidths=1.6,
+            label="value-transformed",
+            zorder=6,
+        )
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_landscape(
+    energy: Any,
+    trajectory: Any,
+    path: str | os.PathLike,
+    *,
+    memory: Any = None,
+    outputs: Any = None,
+    extent: tuple[float, float, float, float] | None = None,
+    num_points: int = 120,
+    title: str | None = None,
+) -> pathlib.Path:
+    r"""Write a PNG of a two-dimensional energy landscape with patterns descending it.
+
+    Filled contours of the energy of one state pattern $x \in \mathbb R^2$, e.g. the
+    log-sum-exp energy against stored patterns $M$,
+
+    $$E(x) = \tfrac12\lVert x\rVert^2 - \frac1\beta\log\sum_j e^{\beta\, x\cdot m_j},$$
+
+    with the stored patterns as blue open circles, the initial state patterns as red dots,
+    red arrows along each pattern's trajectory and red crosses at its end; optional
+    value-transformed outputs are yellow crosses, with yellow arrows from the final states.
+    Because the log-sum-exp energy of several queries is a sum of one such term per query,
+    the landscape of one point is the landscape every query descends.
+
+    **Arguments:**
+
+    - `energy`: a JAX-traceable callable mapping one point of shape `(2,)` to a scalar, e.g.
+      `lambda x: ea.hopfield_energy(x[None], memory, beta=beta)`; it is evaluated on the grid
+      with `jax.vmap`, in float32.
+    - `trajectory`: the states, shape `(steps + 1, seq, 2)`, as `ea.descend(...,
+      save_trajectory=True).trajectory` returns them.
+    - `path`: the file to write.
+    - `memory`: optional stored patterns, shape `(mem, 2)`.
+    - `outputs`: optional value-transformed outputs, shape `(seq, 2)`.
+    - `extent`: `(xmin, xmax, ymin, ymax)`; default: a square around every point drawn.
+    - `num_points`: grid points per axis.
+    - `title`: optional figure title.
+
+    **Returns:**
+
+    `path`, as a `pathlib.Path`.
+
+    ??? cite "Source"
+
+        M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021),
+        "Attention in flatland".
+    """
+    trajectory, memory, outputs = _check_landscape(energy, trajectory, memory, outputs)
+    figure = _figure(figsize=(6.0, 5.0))
+    ax = figure.subplots()
+    _draw_landscape(figure, ax, energy, trajectory, memory, outputs, extent, num_points, True)
+    ax.legend(fontsize=7, loc="upper left", framealpha=0.8)
+    return _save(figure, path, title, fontsize=11)
+
+
+def plot_landscapes(
+    panels: dict[str, dict[str, Any]],
+    path: str | os.PathLike,
+    *,
+    num_cols: int = 3,
+    num_points: int = 100,
+    title: str | None = None,
+) -> pathlib.Path:
+    """Write a PNG grid of energy landscapes, one panel per entry of `panels`.
+
+    Each panel is drawn as by [`plot_landscape`][energyattn.viz.plot_landscape].
+
+    **Arguments:**
+
+    - `panels`: an ordered dict mapping each panel's title to a dict with the keys of
+      `plot_landscape`: `energy` and `trajectory` (required), `memory`, `outputs`, `extent`
+      (optional).
+    - `path`: the file to write.
+    - `num_cols`: panels per row.
+    - `num_points`: grid points per axis in each panel.
+    - `title`: optional figure title.
+
+    **Returns:**
+
+    `path`, as a `pathlib.Path`.
+    """
+    from ._checks import positive_int
+
+    if not isinstance(panels, dict) or not panels:
+        raise ValueError("panels must be a non-empty dict of title -> plot_landscape arguments")
+    allowed = {"energy", "trajectory", "memory", "outputs", "extent"}
+    checked = {}
+    for name, panel in panels.items():
+        if not isinstance(panel, dict) or not {"energy", "trajectory"} <= set(panel):
+            raise ValueError(f"panels[{name!r}] must be a dict with 'energy' and 'trajectory'")
+        if set(panel) - allowed:
+            raise ValueError(f"panels[{name!r}] has unknown keys {sorted(set(panel) - allowed)}")
+        points = _check_landscape(
+            panel["energy"], panel["trajectory"], panel.get("memory"), panel.get("outputs")
+        )
+        checked[name] = (panel["energy"], *points, panel.get("extent"))
+    num_cols = min(positive_int("num_cols", num_cols), len(checked))
+    num_rows = -(-len(checked) // num_cols)
+    figure = _figure(figsize=(4.2 * num_cols, 4.0 * num_rows + (0.4 if title else 0)))
+    axes = figure.subplots(num_rows, num_cols, squeeze=False).ravel()
+    for ax, (name, (energy, trajectory, memory, outputs, extent)) in zip(
+        axes, checked.items(), strict=False
+    ):
+        _draw_landscape(figure, ax, energy, trajectory, memory, outputs, extent, num_points, False)
+        ax.set_title(name, fontsize=10)
+        if outputs is not None and ax is not axes[0]:  # the only panel with yellow crosses
+            ax.legend(fontsize=7, loc="upper left", framealpha=0.8)
+    for ax in axes[len(checked) :]:
+        ax.axis("off")
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].legend(handles, labels, fontsize=7, loc="upper left", framealpha=0.8)
+    return _save(figure, path, title, fontsize=12)
+
+
+_DISPLACEMENT: dict[Any, Any] = {}
+
+
+def _displacement_program(num_patterns: int, max_dim: int, dtype: Any) -> Any:
+    """One compiled program for the whole sweep: patterns padded to `max_dim` with zeros."""
+    cache_key = (num_patterns, max_dim, np.dtype(dtype).name)
+    if cache_key in _DISPLACEMENT:
+        return _DISPLACEMENT[cache_key]
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    from ._energy._hopfield import HopfieldEnergy
+    from ._solver._descend import descend
+
+    def one(key: Any, dim: Any, scale: Any) -> Any:
+        # Zero padding beyond `dim` changes no dot product and no norm.
+        keep = jnp.arange(max_dim) < dim
+        x = jnp.where(keep, jr.normal(key, (num_patterns, max_dim), dtype), 0)
+        beta = (scale / jnp.sqrt(dim.astype(dtype))).astype(dtype)
+        # Bare self-attention: the inputs are the stored patterns (held fixed) and the state.
+        out = descend(HopfieldEnergy(x, beta=beta), x, step_size=1.0, num_steps=1).value
+        return jnp.linalg.norm(x - out)
+
+    def sweep(keys: Any, dims: Any, scales: Any) -> Any:
+        per_dim = jax.vmap(one, in_axes=(0, None, 0))  # over scales
+        return jax.lax.map(lambda a: per_dim(a[0], a[1], scales), (keys, dims))
+
+    _DISPLACEMENT[cache_key] = jax.jit(sweep)
+    return _DISPLACEMENT[cache_key]
+
+
+def self_attention_displacement(
+    dims: Any,
+    scales: Any,
+    *,
+    num_patterns: int = 32,
+    key: Any,
+    dtype: Any = np.float32,
+) -> np.ndarray:
+    r"""Norm $\lVert X - X'\rVert$ between the inputs and outputs of one bare self-attention step.
+
+    For every latent dimension $d_k$ in `dims` and scale $s$ in `scales`, sample
+    `num_patterns` patterns $X \sim \mathcal N(0, 1)^{n\times d_k}$ and take one gradient
+    step of size 1 of the log-sum-exp energy with the patterns as their own stored patterns
+    at $\beta = s/\sqrt{d_k}$,
+
+    $$X' = X - \nabla_X E(X; M{=}X) = \mathrm{softmax}\!\left(\tfrac{s}{\sqrt{d_k}}
+      XX^\top\right) X,$$
+
+    through [`ea.descend`][energyattn.descend] and
+    [`ea.HopfieldEnergy`][energyattn.HopfieldEnergy], in `dtype`. Each pattern's overlap
+    with itself, $\beta\lVert x_i\rVert^2 \approx s\sqrt{d_k}$, dominates the others (of
+    order $s$), so the output is the input up to $e^{-s\sqrt{d_k}}$: at $d_k = 512$ and the
+    transformer default $s = 1$ that is far below float32's resolution, and the measured
+    norm is the rounding error of $x - (x - \mathrm{softmax}\cdot X)$, a few $10^{-6}$.
+    In float64 the same step moves the patterns by the true, much smaller amount.
+
+    **Arguments:**
+
+    - `dims`: latent dimensions $d_k \ge 1$, a 1-d sequence of ints.
+    - `scales`: scale factors $s > 0$ relative to $1/\sqrt{d_k}$, a 1-d sequence.
+    - `num_patterns`: patterns per sample (the seed uses 32 for the contour, 8 in the text).
+    - `key`: a JAX PRNG key; every `(d_k, s)` cell gets fresh patterns.
+    - `dtype`: `float32` (as the seed computed it) or `float64` (needs
+      `jax.enable_x64(True)`, e.g. as a context manager).
+
+    **Returns:**
+
+    A NumPy array of shape `(len(scales), len(dims))` (rows: scales, columns: dimensions).
+
+    ??? cite "Source"
+
+        M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021),
+        "Bare self-attention: on the importance of scale and why multiple heads".
+    """
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    from ._checks import positive_int
+
+    dims_ = np.asarray(dims).reshape(-1)
+    scales_ = np.asarray(scales, np.float64).reshape(-1)
+    if dims_.size == 0 or not np.issubdtype(dims_.dtype, np.integer) or np.any(dims_ < 1):
+        raise ValueError(f"dims must be a non-empty sequence of integers >= 1, got {dims!r}")
+    if scales_.size == 0 or not np.all(scales_ > 0):
+        raise ValueError(f"scales must be a non-empty sequence of values > 0, got {scales!r}")
+    num_patterns = positive_int("num_patterns", num_patterns, minimum=2)
+    dtype = jnp.dtype(dtype)
+    if dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    if dtype == jnp.float64 and not jax.config.read("jax_enable_x64"):
+        raise ValueError(
+            "dtype float64 needs 64-bit JAX: wrap the call in `with jax.enable_x64(True):`"
+        )
+    keys = jr.split(key, (dims_.size, scales_.size))
+    program = _displacement_program(num_patterns, int(dims_.max()), dtype)
+    norms = program(keys, jnp.asarray(dims_, jnp.int32), jnp.asarray(scales_, dtype))
+    return np.asarray(norms, np.float64).T
+
+
+def plot_displacement_contour(
+    dims: Any,
+    scales: Any,
+    norms: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    marks: tuple[float | int, ...] = (2, 512),
+    title: str | None = None,
+) -> pathlib.Path:
+    r"""Write a PNG of $\lVert X - X'\rVert$ of bare self-attention over $d_k$ and $\beta$-scale.
+
+    Filled log-scale contours of the norms from
+    [`self_attention_displacement`][energyattn.viz.self_attention_displacement], one panel per
+    entry of `norms` (e.g. float32 and float64), with red lines at the transformer default
+    scale $s = 1$ ($\beta = 1/\sqrt{d_k}$) and at the dimensions in `marks`. Cells whose norm is
+    exactly 0 (the step is the identity to the last bit) are left blank.
+
+    **Arguments:**
+
+    - `dims`: the latent dimensions, shape `(num_dims,)`.
+    - `scales`: the scale factors, shape `(num_scales,)`.
+    - `norms`: an ordered dict mapping each panel's title to norms of shape
+      `(num_scales, num_dims)`.
+    - `path`: the file to write.
+    - `marks`: dimensions to mark with vertical red lines.
+    - `title`: optional figure title.
+
+    **Returns:**
+
+    `path`, as a `pathlib.Path`.
+
+    ??? cite "Source"
+
+        M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021),
+        "Bare self-attention experiment" (contour plot).
+    """
+    from matplotlib.colors import LogNorm
+    from matplotlib.ticker import LogLocator
+
+    dims = np.asarray(dims, np.float64).reshape(-1)
+    scales = np.asarray(scales, np.float64).reshape(-1)
+    norms = _check_named_arrays("norms", norms, 2, "num_scales, num_dims")
+    for name, values in norms.items():
+        if values.shape != (scales.size, dims.size):
+            raise ValueError(
+                f"norms[{name!r}] must have shape (num_scales={scales.size}, "
+                f"num_dims={dims.size}), got {values.shape}"
+            )
+    figure = _figure(figsize=(0.8 + 5.4 * len(norms), 4.4))
+    axes = figure.subplots(1, len(norms), squeeze=False)[0]
+    levels = np.logspace(-16, 2, 19)
+    for ax, (name, values) in zip(axes, norms.items(), strict=True):
+        masked = np.ma.masked_where(~(values > 0), values)
+        filled = ax.contourf(
+            dims,
+            scales,
+            masked,
+            levels=levels,
+            norm=LogNorm(vmin=levels[0], vmax=levels[-1]),
+            cmap="viridis",
+            extend="both",
+        )
+        figure.colorbar(
+            filled,
+            ax=ax,
+            ticks=LogLocator(base=10, numticks=10),
+            format="%.0e",
+            label=r"$\|X - X'\|$",
+        )
+        for dim in marks:
+            ax.axvline(dim, color="r", linewidth=1)
+        ax.axhline(1.0, color="r", linewidth=1)
+        ax.set_xlabel("$d_k$")
+        ax.set_ylabel(r"scale $s$ ($\beta = s/\sqrt{d_k}$)")
+        ax.set_title(name, fontsize=10)
+    return _save(figure, path, title, fontsize=11)
+
+
+def _coupling_strengths(J: Any) -> tuple[np.ndarray, bool]:
+    J = np.asarray(J, np.float64)
+    if J.ndim == 2 and J.shape[0] == J.shape[1]:
+        return J, True
+    if J.ndim == 4 and J.shape[0] == J.shape[1] and J.shape[2] == J.shape[3]:
+        return np.sqrt(np.sum(J**2, axis=(2, 3))), False
+    raise ValueError(
+        "J must have shape (spins, spins) or (spins, spins, dim, dim), got " + str(J.shape)
+    )
+
+
+def plot_couplings(
+    J: Any,
+    path: str | os.PathLike,
+    *,
+    positions: Any = None,
+    threshold: float | int = 0.1,
+    title: str | None = None,
+) -> pathlib.Path:
+    r"""Write a PNG of the coupling strengths between spins (tokens): a graph and a matrix.
+
+    Left: the spins as nodes (on a circle, or at `positions`, e.g. patch centres), joined by an
+    edge for every pair whose strength $\lvert J_{ij}\rvert$ is at least `threshold` times the
+    largest; edge width and opacity grow with it, and scalar couplings are coloured by sign
+    (red ferromagnetic $J_{ij} > 0$, blue antiferromagnetic). Right: the matrix of strengths.
+    Matrix-valued couplings $J_{ij} \in \mathbb R^{d\times d}$ (the attractor network's) are
+    drawn by their Frobenius norm $\lVert J_{ij}\rVert_F$; for directed couplings the
+    graph shows $\max(\lvert J_{ij}\rvert, \lvert J_{ji}\rvert)$.
+
+    **Arguments:**
+
+    - `J`: couplings, shape `(spins, spins)` or `(spins, spins, dim, dim)`.
+    - `path`: the file to write.
+    - `positions`: optional node positions, shape `(spins, 2)`.
+    - `threshold`: fraction of the largest strength below which no edge is drawn, in `[0, 1)`.
+    - `title`: optional figure title.
+
+    **Returns:**
+
+    `path`, as a `pathlib.Path`.
+
+    ??? cite "Source"
+
+        M. Bal, *Transformers Are Secretly Collectives of Spin Systems* (2021) (couplings
+        between spins); T. D'Amico et al., *Self-attention as an attractor network* (2024)
+        (matrix-valued couplings $J_{ij}$).
+    """
+    values, scalar = _coupling_strengths(J)
+    num = values.shape[0]
+    if not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be in [0, 1), got {threshold!r}")
+    if positions is None:
+        angles = np.pi / 2 - 2 * np.pi * np.arange(num) / num
+        positions = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    positions = np.asarray(positions, np.float64)
+    if positions.shape != (num, 2):
+        raise ValueError(f"positions must have shape (spins={num}, 2), got {positions.shape}")
+    magnitude = np.abs(values)
+    np.fill_diagonal(magnitude, 0.0)
+    largest = float(magnitude.max()) if magnitude.size else 0.0
+    figure = _figure(figsize=(10.0, 4.6))
+    graph, matrix = figure.subplots(1, 2)
+    for i in range(num):
+        for j in range(i + 1, num):
+            k = (i, j) if magnitude[i, j] >= magnitude[j, i] else (j, i)
+            strength = magnitude[k] / largest if largest > 0 else 0.0
+            if largest == 0 or strength < threshold:
+                continue
+            colour = ("#d62728" if values[k] > 0 else "#1f77b4") if scalar else "0.25"
+            graph.plot(
+                *positions[[i, j]].T,
+                color=colour,
+                linewidth=0.4 + 3.6 * strength,
+                alpha=0.25 + 0.75 * strength,
+                zorder=1,
+            )
+    graph.scatter(*positions.T, s=90, color="white", edgecolors="black", zorder=2)
+    if num <= 40:
+        for i, (x, y) in enumerate(positions):
+            graph.text(x, y, str(i), ha="center", va="center", fontsize=6, zorder=3)
+    graph.set_aspect("equal")
+    graph.axis("off")
+    graph.set_title(
+        ("$J_{ij}$ (red > 0, blue < 0)" if scalar else r"$\|J_{ij}\|_F$")
+        + f", edges above {threshold:.0%} of the largest",
+        fontsize=9,
+    )
+    if scalar:
+        bound = max(float(np.abs(values).max()), 1e-12)
+        image = matrix.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound)
+    else:
+        image = matrix.imshow(values, cmap="magma")
+    figure.colorbar(image, ax=matrix, shrink=0.85)
+    matrix.set_xlabel("$j$")
+    matrix.set_ylabel("$i$")
+    matrix.set_title("coupling matrix", fontsize=9)
     return _save(figure, path, title, fontsize=11)
