@@ -55,8 +55,8 @@ def image_grid(
     path: str | os.PathLike,
     *,
     title: str | None = None,
-    vmin: float | None = None,
-    vmax: float | None = None,
+    vmin: float | int | None = None,
+    vmax: float | int | None = None,
     cmap: str = "gray",
 ) -> pathlib.Path:
     """Write a PNG grid of small images: one labelled row per entry of `rows`.
@@ -237,7 +237,7 @@ def _t_grid(J: Any, t_star: float, t_range: Any, num_points: int) -> np.ndarray:
 def plot_spin_phi(
     J: Any,
     H: Any,
-    beta: float,
+    beta: float | int,
     path: str | os.PathLike,
     *,
     t_range: tuple[float, float] | None = None,
@@ -385,7 +385,7 @@ def plot_spin_beta_sweep(
 def plot_spin_landscape(
     J: Any,
     H: Any,
-    beta: float,
+    beta: float | int,
     path: str | os.PathLike,
     *,
     t_range: tuple[float, float] | None = None,

@@ -1,0 +1,95 @@
+"""The documentation: every public name in the API reference, every example runs, strict build."""
+
+import inspect
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import energyattn as ea
+
+ROOT = pathlib.Path(__file__).parents[1]
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def public_names():
+    """`energyattn.X` for every public name users can reach (as `tests/test_package.py`)."""
+    namespaces = (ea, ea.nn, ea.models, ea.data, ea.spin)
+    for module in namespaces:
+        for name in dir(module):
+            if not name.startswith("_") and not inspect.ismodule(getattr(module, name)):
+                yield f"{module.__name__}.{name}"
+    for module in (ea.parallel, ea.viz):  # public modules: their own functions
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and getattr(obj, "__module__", None) == module.__name__:
+                yield f"{module.__name__}.{name}"
+
+
+def documented_names():
+    text = "\n".join(page.read_text() for page in (DOCS / "api").glob("*.md"))
+    return re.findall(r"^::: (energyattn[\w.]*)\s*$", text, re.MULTILINE)
+
+
+def test_every_public_name_is_in_the_api_reference():
+    documented = set(documented_names())
+    missing = sorted(set(public_names()) - documented)
+    assert not missing, f"public names missing from docs/api/*.md: {missing}"
+
+
+def test_the_api_reference_names_only_real_objects_once():
+    names = documented_names()
+    assert len(names) == len(set(names)), "a name is documented twice"
+    stale = sorted(set(names) - set(public_names()))
+    assert not stale, f"docs/api/*.md documents names that are not public: {stale}"
+
+
+def test_every_page_is_in_the_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert str(page.relative_to(DOCS)) in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def test_examples_are_not_hidden_from_the_tests():
+    """Only top-level ```python fences run below; an indented one would escape the tests."""
+    for page in PAGES:
+        assert not re.search(r"^[ \t]+```python", page.read_text(), re.MULTILINE), page
+
+
+PAGES_WITH_CODE = [page for page in PAGES if FENCE.search(page.read_text())]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(DOCS)))
+def test_docs_examples_run(page, tmp_path, monkeypatch, capsys):
+    """Every Python example of a page runs, in order, in one namespace (files go to tmp)."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__docs__"}
+    for i, block in enumerate(FENCE.findall(page.read_text())):
+        exec(compile(block, f"{page.relative_to(ROOT)} (example {i + 1})", "exec"), namespace)
+
+
+def test_readme_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\((?!https?://|#)([^)#\s]+)", readme)
+    assert any(t.startswith("docs/") for t in targets), "README does not link to the docs"
+    for target in targets:
+        assert (ROOT / target).exists(), f"README links to missing {target}"
+
+
+def test_mkdocs_build_is_strict_clean(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install 'energyattn[docs]'")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    api = (tmp_path / "api" / "energies" / "index.html").read_text()
+    assert 'id="energyattn.hopfield_energy"' in api  # mkdocstrings rendered the reference
