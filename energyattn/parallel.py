@@ -16,10 +16,14 @@ compiler. Several hosts (processes) work the same way after
 [`initialize`][energyattn.parallel.initialize]; see its docstring.
 
 ```python
+import jax.random as jr
 import energyattn as ea
+
 mesh = ea.parallel.make_mesh()  # all devices, one "batch" axis
+layer = ea.nn.HopfieldAttention(16, num_heads=2, key=jr.key(0))
+xs = jr.normal(jr.key(1), (2 * mesh.devices.size, 5, 16))  # batch divisible by the devices
 attend = ea.parallel.data_parallel(lambda layer, x: layer(x), mesh)
-out = attend(layer, xs)  # xs: (batch, seq, dim), batch divisible by the number of devices
+out = attend(layer, xs)  # (batch, seq, dim), sharded over the devices
 ```
 """
 
@@ -330,6 +334,8 @@ def initialize(
     every process.
 
     ```python
+    # (not run by the tests as written; tests/test_parallel.py runs the same steps
+    # with two processes on loopback)
     # on host i of n (same script everywhere), before anything else touches JAX:
     ea.parallel.initialize("host0:1234", n, i)
     mesh = ea.parallel.make_mesh()  # all devices of all hosts

@@ -93,3 +93,46 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     api = (tmp_path / "api" / "energies" / "index.html").read_text()
     assert 'id="energyattn.hopfield_energy"' in api  # mkdocstrings rendered the reference
+
+
+def docstring_examples():
+    """(name, code) of every ```python block in the docstrings the API reference renders."""
+    objects = {name: None for name in public_names()}
+    for module in (ea, ea.nn, ea.models, ea.data, ea.spin, ea.parallel, ea.viz):
+        objects[module.__name__] = module
+    for name in list(objects):
+        if objects[name] is None:
+            module, _, attribute = name.rpartition(".")
+            objects[name] = getattr(sys.modules[module], attribute)
+    found = []
+    for name, obj in objects.items():
+        docs = [inspect.getdoc(obj) or ""]
+        if inspect.isclass(obj):  # methods are rendered on the class's page
+            docs += [inspect.getdoc(m) or "" for _, m in inspect.getmembers(obj, callable)]
+        for doc in docs:
+            for i, code in enumerate(FENCE.findall(doc)):
+                found.append((f"{name} ({i + 1})", code))
+    return sorted(set(found))
+
+
+#: Docstring examples that cannot run in one process, and the test that covers them instead.
+NOT_RUN = {"energyattn.parallel.initialize (1)": "test_parallel.py, two processes on loopback"}
+#: Names every docstring example may use without importing them.
+PRELUDE = (
+    "import equinox as eqx\nimport jax\nimport jax.numpy as jnp\nimport jax.random as jr\n"
+    "import numpy as np\nimport energyattn as ea\n"
+)
+
+
+@pytest.mark.parametrize("name, code", docstring_examples(), ids=lambda v: v.split(" (")[0])
+def test_docstring_examples_run(name, code, tmp_path, monkeypatch):
+    if name in NOT_RUN:
+        pytest.skip(f"multi-process example; covered by {NOT_RUN[name]}")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(PRELUDE + code, name, "exec"), {"__name__": "__docs__"})
+
+
+def test_docstring_examples_are_found():
+    names = [name for name, _ in docstring_examples()]
+    assert "energyattn.SumEnergy (1)" in names and "energyattn.parallel (1)" in names
+    assert set(NOT_RUN) <= set(names)

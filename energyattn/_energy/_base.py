@@ -121,7 +121,10 @@ class SumEnergy(AbstractEnergy):
     [`energy_tree`][energyattn.energy_tree] then reports:
 
     ```python
-    energy = ea.SumEnergy({"attention": attention_energy, "memory": memory_energy})
+    memory = jr.normal(jr.key(0), (16, 4))
+    prior = ea.FunctionEnergy(lambda x, args: jnp.sum(x**2))
+    energy = ea.SumEnergy({"hopfield": ea.HopfieldEnergy(memory), "prior": 0.1 * prior})
+    terms = ea.energy_tree(energy, jnp.ones((2, 4)))  # {"hopfield": ..., "prior": ...}
     ```
 
     Nested sums are flattened, so `(E1 + E2) + E3` has three terms.

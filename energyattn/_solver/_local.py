@@ -40,8 +40,11 @@ def local_forces(
     **Example:**
 
     ```python
+    couplings = jr.normal(jr.key(0), (5, 5, 3, 3))  # J_ij, one (d, d) block per pair
+    x = jr.normal(jr.key(1), (5, 3))                 # 5 tokens of dimension 3
     energy = ea.LocalAttentionEnergy(couplings)
     forces = ea.local_forces(energy.local, x)  # the attention update of every token
+    assert forces.shape == x.shape
     ```
     """
     x = jnp.asarray(x)
