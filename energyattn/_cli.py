@@ -3,8 +3,9 @@
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _int_at_least(low: int):
@@ -363,28 +364,54 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(line: str) -> None:
+    """Progress of a command, one indented line at a time."""
+    print(f"  {line}", flush=True)
+
+
+def _run(
+    command: str,
+    parser: argparse.ArgumentParser,
+    fn: Callable[..., dict],
+    *args: Any,
+    errors: tuple[type[Exception], ...] = (ImportError,),
+    **kwargs: Any,
+) -> dict | None:
+    """Run a command's `fn`; `None` (after saying why) when the environment lacks something.
+
+    Settings that argparse cannot check alone raise `ValueError` in `fn`; they exit through
+    `parser.error` (status 2) like any bad argument.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except errors as error:  # e.g. a missing optional dependency or data file
+        print(f"energyattn {command}: {error}", file=sys.stderr)
+        return None
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def _landscape(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._landscape_demo import run_landscape_demo
 
     start = time.perf_counter()
     print(f"energyattn landscape: attention in flatland, seed {args.seed}")
-    try:
-        metrics = run_landscape_demo(
-            args.out,
-            num_states=args.states,
-            num_memories=args.memories,
-            max_dim=args.max_dim,
-            num_dims=args.num_dims,
-            num_scales=args.num_scales,
-            num_points=args.grid,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-        )
-    except ImportError as error:
-        print(f"energyattn landscape: {error}", file=sys.stderr)
+    metrics = _run(
+        "landscape",
+        parser,
+        run_landscape_demo,
+        args.out,
+        num_states=args.states,
+        num_memories=args.memories,
+        max_dim=args.max_dim,
+        num_dims=args.num_dims,
+        num_scales=args.num_scales,
+        num_points=args.grid,
+        seed=args.seed,
+        progress=_say,
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:
-        parser.error(str(error))
     at_512 = metrics["displacement_at_512"]
     print()
     print(
@@ -402,23 +429,22 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     start = time.perf_counter()
     print(f"energyattn sweep: vector-spin model, {args.spins} spins of dimension {args.dim}")
-    try:
-        metrics = run_sweep_demo(
-            args.out,
-            num_spins=args.spins,
-            dim=args.dim,
-            betas=args.betas or DEFAULT_BETAS,
-            beta=args.beta,
-            input_dependent=args.input_dependent,
-            num_points=args.grid,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-        )
-    except ImportError as error:
-        print(f"energyattn sweep: {error}", file=sys.stderr)
+    metrics = _run(
+        "sweep",
+        parser,
+        run_sweep_demo,
+        args.out,
+        num_spins=args.spins,
+        dim=args.dim,
+        betas=args.betas or DEFAULT_BETAS,
+        beta=args.beta,
+        input_dependent=args.input_dependent,
+        num_points=args.grid,
+        seed=args.seed,
+        progress=_say,
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:
-        parser.error(str(error))
     print()
     print(f"{'beta':>9s} {'t* (mean)':>10s} {'log Z':>11s} {'F':>11s} {'|m|':>9s}")
     for row in metrics["sweep"]:
@@ -474,24 +500,23 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _attractor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._attractor_demo import run_attractor_demo
 
-    try:
-        metrics = run_attractor_demo(
-            args.out,
-            train_steps=args.train_steps,
-            baseline_steps=args.baseline_steps,
-            num_iterations=args.iterations,
-            patch_size=args.patch_size,
-            tasks=tuple(args.tasks),
-            baselines=not args.no_baselines,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-            progress_bar=not args.no_progress,
-        )
-    except ImportError as error:
-        print(f"energyattn attractor: {error}", file=sys.stderr)
+    metrics = _run(
+        "attractor",
+        parser,
+        run_attractor_demo,
+        args.out,
+        train_steps=args.train_steps,
+        baseline_steps=args.baseline_steps,
+        num_iterations=args.iterations,
+        patch_size=args.patch_size,
+        tasks=tuple(args.tasks),
+        baselines=not args.no_baselines,
+        seed=args.seed,
+        progress=_say,
+        progress_bar=not args.no_progress,
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:
-        parser.error(str(error))
     print()
     for task, models in metrics["tasks"].items():
         for name, summary in models.items():
@@ -506,21 +531,21 @@ def _attractor(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _classify(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._classify_demo import run_classify_demo
 
-    try:
-        metrics = run_classify_demo(
-            args.out,
-            mnist=args.mnist,
-            train_steps=args.train_steps,
-            time_limit=args.time_limit,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-            progress_bar=not args.no_progress,
-        )
-    except (ImportError, FileNotFoundError) as error:
-        print(f"energyattn classify: {error}", file=sys.stderr)
+    metrics = _run(
+        "classify",
+        parser,
+        run_classify_demo,
+        args.out,
+        mnist=args.mnist,
+        train_steps=args.train_steps,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        progress=_say,
+        progress_bar=not args.no_progress,
+        errors=(ImportError, FileNotFoundError),
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:
-        parser.error(str(error))
     test = metrics["test"]
     print()
     print(f"test accuracy: {test['accuracy']:.4f} ({metrics['num_parameters']} parameters)")
@@ -567,23 +592,22 @@ def _hopfield(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"energyattn hopfield: {args.patterns} digits, {args.probes} probes each, "
         f"{args.corruption:.0%} of pixels flipped, seed {args.seed}"
     )
-    try:
-        metrics = run_hopfield_demo(
-            args.out,
-            num_patterns=args.patterns,
-            corruption=args.corruption,
-            probes_per_pattern=args.probes,
-            num_steps=args.steps,
-            num_sweeps=args.sweeps,
-            beta=args.beta,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-        )
-    except ImportError as error:
-        print(f"energyattn hopfield: {error}", file=sys.stderr)
+    metrics = _run(
+        "hopfield",
+        parser,
+        run_hopfield_demo,
+        args.out,
+        num_patterns=args.patterns,
+        corruption=args.corruption,
+        probes_per_pattern=args.probes,
+        num_steps=args.steps,
+        num_sweeps=args.sweeps,
+        beta=args.beta,
+        seed=args.seed,
+        progress=_say,
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:  # settings argparse cannot check alone, e.g. too many patterns
-        parser.error(str(error))
     _print_table(metrics)
     print(f"done in {time.perf_counter() - start:.1f} s; files in {args.out}")
     return 0
@@ -597,23 +621,22 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"energyattn demo: Energy Transformer inpainting of shipped digits, {args.masked:.0%} of "
         f"patches masked, seed {args.seed}"
     )
-    try:
-        metrics = run_demo(
-            args.out,
-            train_steps=args.train_steps,
-            time_limit=args.time_limit,
-            masked_fraction=args.masked,
-            batch_size=args.batch_size,
-            learning_rate=args.learning_rate,
-            seed=args.seed,
-            progress=lambda line: print(f"  {line}", flush=True),
-            progress_bar=not args.no_progress,
-        )
-    except ImportError as error:
-        print(f"energyattn demo: {error}", file=sys.stderr)
+    metrics = _run(
+        "demo",
+        parser,
+        run_demo,
+        args.out,
+        train_steps=args.train_steps,
+        time_limit=args.time_limit,
+        masked_fraction=args.masked,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+        progress=_say,
+        progress_bar=not args.no_progress,
+    )
+    if metrics is None:
         return 1
-    except ValueError as error:  # settings argparse cannot check alone
-        parser.error(str(error))
     test = metrics["test"]
     print()
     print(f"test masked-patch MSE (Energy Transformer): {test['mse']:.4f}")

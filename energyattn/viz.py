@@ -545,6 +545,26 @@ def _landscape_extent(*point_sets: np.ndarray | None, margin: float = 0.15) -> t
     return (centre[0] - half, centre[0] + half, centre[1] - half, centre[1] + half)
 
 
+_RED, _YELLOW = "#e8202a", "#ffd400"
+
+
+def _arrows(ax: Any, starts: np.ndarray, ends: np.ndarray, colour: str, *, zorder: int) -> None:
+    for start, end in zip(starts, ends, strict=True):
+        ax.annotate(
+            "",
+            xy=end,
+            xytext=start,
+            zorder=zorder,
+            arrowprops={"arrowstyle": "->", "color": colour, "lw": 0.9},
+        )
+
+
+def _crosses(ax: Any, points: np.ndarray, colour: str, label: str, *, zorder: int) -> None:
+    ax.scatter(
+        *points.T, s=40, marker="x", color=colour, linewidths=1.6, label=label, zorder=zorder
+    )
+
+
 def _draw_landscape(
     figure: Any,
     ax: Any,
@@ -587,43 +607,14 @@ def _draw_landscape(
             label="stored patterns",
             zorder=3,
         )
-    ax.scatter(*trajectory[0].T, s=22, color="#e8202a", label="initial states", zorder=4)
+    ax.scatter(*trajectory[0].T, s=22, color=_RED, label="initial states", zorder=4)
     for step in range(trajectory.shape[0] - 1):
-        for start, end in zip(trajectory[step], trajectory[step + 1], strict=True):
-            ax.annotate(
-                "",
-                xy=end,
-                xytext=start,
-                zorder=4,
-                arrowprops={"arrowstyle": "->", "color": "#e8202a", "lw": 0.9},
-            )
-    ax.scatter(
-        *trajectory[-1].T,
-        s=40,
-        marker="x",
-        color="#e8202a",
-        linewidths=1.6,
-        label=f"after {trajectory.shape[0] - 1} step(s)",
-        zorder=5,
-    )
+        _arrows(ax, trajectory[step], trajectory[step + 1], _RED, zorder=4)
+    steps = trajectory.shape[0] - 1
+    _crosses(ax, trajectory[-1], _RED, f"after {steps} step(s)", zorder=5)
     if outputs is not None:
-        for start, end in zip(trajectory[-1], outputs, strict=True):
-            ax.annotate(
-                "",
-                xy=end,
-                xytext=start,
-                zorder=5,
-                arrowprops={"arrowstyle": "->", "color": "#ffd400", "lw": 0.9},
-            )
-        ax.scatter(
-            *outputs.T,
-            s=40,
-            marker="x",
-            color="#ffd400",
-            linewidths=1.6,
-            label="value-transformed",
-            zorder=6,
-        )
+        _arrows(ax, trajectory[-1], outputs, _YELLOW, zorder=5)
+        _crosses(ax, outputs, _YELLOW, "value-transformed", zorder=6)
     ax.set_xlim(x0, x1)
     ax.set_ylim(y0, y1)
     ax.set_aspect("equal")
