@@ -43,7 +43,8 @@ def run_attractor_demo(
     recycled transformer block and the 5-layer vision transformer (backpropagation); measure
     the test MSE against the iteration $t$ for both tasks.
 
-    Writes `metrics.json`, `mse_vs_iteration.png` and `reconstructions_<task>.png` into `out`.
+    Writes `metrics.json`, `mse_vs_iteration.png`, `reconstructions_<task>.png` and
+    `couplings.png` into `out`.
     `tasks` picks the tasks, `baselines=False` skips the baselines (the attractor network
     alone takes seconds; each baseline minutes on a CPU core).
 
@@ -84,6 +85,18 @@ def run_attractor_demo(
     progress(
         f"attractor network: {train_steps} pseudo-likelihood steps in "
         f"{metrics['attractor_train_seconds']:.1f} s (final loss {float(result.losses[-1]):.3f})"
+    )
+
+    # The learnt couplings J_ij (d x d blocks) as a graph on the patch grid: each patch at its
+    # place in the image, edges as strong as ||J_ij||_F.
+    side = train.shape[-1] // patch_size
+    grid = np.stack(np.divmod(np.arange(side * side), side), axis=1)
+    viz.plot_couplings(
+        attractor.attention.couplings,
+        out / "couplings.png",
+        positions=np.stack([grid[:, 1], -grid[:, 0]], axis=1),
+        threshold=0.9,  # the couplings have a fixed overall norm: show the strongest pairs
+        title="learnt couplings between patches (pseudo-likelihood)",
     )
 
     curves: dict[str, dict[str, np.ndarray]] = {}

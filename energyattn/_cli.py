@@ -203,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
             "iterated 3..7 times and a 5-layer ViT. Measures the held-out MSE against the "
             "iteration t for masked prediction (30%% of patches zeroed) and denoising "
             "(Gaussian noise of variance 0.7, rescaled). Writes metrics.json, "
-            "mse_vs_iteration.png and reconstructions_<task>.png into --out."
+            "mse_vs_iteration.png, reconstructions_<task>.png and couplings.png (the learnt "
+            "couplings between patches, as a graph on the patch grid) into --out."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -939,7 +939,8 @@ def plot_couplings(
 
     Left: the spins as nodes (on a circle, or at `positions`, e.g. patch centres), joined by an
     edge for every pair whose strength $\lvert J_{ij}\rvert$ is at least `threshold` times the
-    largest; edge width and opacity grow with it, and scalar couplings are coloured by sign
+    largest; edge width and opacity grow with it, from the threshold (thin, faint) to the
+    largest (thick, opaque), and scalar couplings are coloured by sign
     (red ferromagnetic $J_{ij} > 0$, blue antiferromagnetic). Right: the matrix of strengths.
     Matrix-valued couplings $J_{ij} \in \mathbb R^{d\times d}$ (the attractor network's) are
     drawn by their Frobenius norm $\lVert J_{ij}\rVert_F$; for directed couplings the
@@ -984,12 +985,15 @@ def plot_couplings(
             strength = magnitude[k] / largest if largest > 0 else 0.0
             if largest == 0 or strength < threshold:
                 continue
+            # Width and opacity span their whole range over the drawn edges, so that strengths
+            # close to each other (e.g. couplings of a fixed norm) still stand apart.
+            shade = (strength - threshold) / (1 - threshold)
             colour = ("#d62728" if values[k] > 0 else "#1f77b4") if scalar else "0.25"
             graph.plot(
                 *positions[[i, j]].T,
                 color=colour,
-                linewidth=0.4 + 3.6 * strength,
-                alpha=0.25 + 0.75 * strength,
+                linewidth=0.4 + 3.6 * shade,
+                alpha=0.2 + 0.8 * shade,
                 zorder=1,
             )
     graph.scatter(*positions.T, s=90, color="white", edgecolors="black", zorder=2)
@@ -1006,8 +1010,11 @@ def plot_couplings(
     if scalar:
         bound = max(float(np.abs(values).max()), 1e-12)
         image = matrix.imshow(values, cmap="RdBu_r", vmin=-bound, vmax=bound)
-    else:
-        image = matrix.imshow(values, cmap="magma")
+    else:  # norms: colour the off-diagonal range (the diagonal, J_ii = 0, is left blank)
+        off_diagonal = ~np.eye(num, dtype=bool)
+        shown = np.where(off_diagonal, values, np.nan)
+        low = float(values[off_diagonal].min()) if num > 1 else 0.0
+        image = matrix.imshow(shown, cmap="magma", vmin=low, vmax=max(float(values.max()), low))
     figure.colorbar(image, ax=matrix, shrink=0.85)
     matrix.set_xlabel("$j$")
     matrix.set_ylabel("$i$")

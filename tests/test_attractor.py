@@ -440,7 +440,7 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
         assert attractor["best"] == min(attractor["curve"][1:])
         assert f"{attractor['best']:.4f}" in printed
         assert ("masked_region" in attractor) == (task == "masked")
-        for name in ("mse_vs_iteration.png", f"reconstructions_{task}.png"):
+        for name in ("mse_vs_iteration.png", f"reconstructions_{task}.png", "couplings.png"):
             image = matplotlib_image.imread(out / name)
             assert image.ndim == 3 and image.std() > 0.05
     with pytest.raises(SystemExit):

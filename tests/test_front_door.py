@@ -120,7 +120,7 @@ def test_bench_command_runs_the_benchmark_entry_point(tmp_path):
         + ["--out", str(out)],
         capture_output=True,
         text=True,
-        cwd=tmp_path,  # found beside the package, not in the working directory
+        cwd=ROOT,  # run from a checkout: ./benchmarks (the wheel does not ship them)
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -129,7 +129,12 @@ def test_bench_command_runs_the_benchmark_entry_point(tmp_path):
     assert rows and all("device" in row and row["ratio"] > 0 for row in rows)
 
 
-def test_bench_command_without_benchmarks(tmp_path, capsys):
+def test_bench_command_finds_the_benchmarks(tmp_path, monkeypatch, capsys):
+    from energyattn._cli import _find_benchmarks
+
+    assert _find_benchmarks(str(ROOT / "benchmarks")) == ROOT / "benchmarks"
+    monkeypatch.chdir(ROOT)
+    assert (_find_benchmarks(None) / "run.py").samefile(ROOT / "benchmarks" / "run.py")
     assert main(["bench", "--benchmarks", str(tmp_path / "nowhere"), "--quick"]) == 1
     assert "no benchmarks/run.py found" in capsys.readouterr().err
 
