@@ -43,8 +43,7 @@ def local_forces(
     couplings = jr.normal(jr.key(0), (5, 5, 3, 3))  # J_ij, one (d, d) block per pair
     x = jr.normal(jr.key(1), (5, 3))                 # 5 tokens of dimension 3
     energy = ea.LocalAttentionEnergy(couplings)
-    forces = ea.local_forces(energy.local, x)  # the attention update of every token
-    print(forces.shape)  # (5, 3)
+    forces = ea.local_forces(energy.local, x)  # (5, 3): the attention update of every token
     ```
     """
     x = jnp.asarray(x)
