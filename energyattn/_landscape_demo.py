@@ -87,6 +87,16 @@ def flatland(name: str, states: Any, stored: Any, *, key: Any) -> dict[str, Any]
     }
 
 
+def _in_both_precisions(dims: Any, scales: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+    """`ea.viz.self_attention_displacement` in float32 (as the seed ran it) and float64."""
+    norms = {"float32": ea.viz.self_attention_displacement(dims, scales, **kwargs)}
+    with jax.enable_x64(True):
+        norms["float64"] = ea.viz.self_attention_displacement(
+            dims, scales, dtype=jnp.float64, **kwargs
+        )
+    return norms
+
+
 def run_landscape_demo(
     out_dir: str | pathlib.Path,
     *,
@@ -168,11 +178,7 @@ def run_landscape_demo(
     dims = np.unique(np.linspace(2, max_dim, num_dims).astype(np.int64))
     scales = np.linspace(0.2, 2.0, num_scales)
     say(f"bare self-attention: ||X - X'|| over {dims.size} d_k x {scales.size} scales")
-    norms = {"float32": ea.viz.self_attention_displacement(dims, scales, key=k_contour)}
-    with jax.enable_x64(True):
-        norms["float64"] = ea.viz.self_attention_displacement(
-            dims, scales, key=k_contour, dtype=jnp.float64
-        )
+    norms = _in_both_precisions(dims, scales, key=k_contour)
     files["contour"] = ea.viz.plot_displacement_contour(
         dims,
         scales,
@@ -182,23 +188,8 @@ def run_landscape_demo(
         title="bare self-attention: ||X - softmax(s/sqrt(d_k) X X^T) X||",
     )
     # The seed's check in the text: 8 patterns of dimension 512 at the default scale, here
-    # over 20 fresh draws in both precisions.
-    check_keys = jr.split(k_check, 20)
-    at_512 = {
-        "float32": [
-            float(ea.viz.self_attention_displacement([512], [1.0], num_patterns=8, key=k)[0, 0])
-            for k in check_keys
-        ]
-    }
-    with jax.enable_x64(True):
-        at_512["float64"] = [
-            float(
-                ea.viz.self_attention_displacement(
-                    [512], [1.0], num_patterns=8, key=k, dtype=jnp.float64
-                )[0, 0]
-            )
-            for k in check_keys
-        ]
+    # over 20 fresh draws (every cell of the sweep gets its own patterns) in both precisions.
+    at_512 = _in_both_precisions([512] * 20, [1.0], key=k_check, num_patterns=8)
     summary = {
         dtype: {"median": float(np.median(v)), "min": float(np.min(v)), "max": float(np.max(v))}
         for dtype, v in at_512.items()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
@@ -90,13 +91,13 @@ def run_sweep_demo(
             "residual": solution.residual,
             "log_partition": log_z,
             "free_energy": -log_z / b,
-            "magnetization_norm": jax.numpy.linalg.norm(m, axis=-1).mean(),
-            "response": jax.numpy.vdot(m, H) / jax.numpy.vdot(H, H),
+            "magnetization_norm": jnp.linalg.norm(m, axis=-1).mean(),
+            "response": jnp.vdot(m, H) / jnp.vdot(H, H),
         }
 
     rows = []
     for b in betas_:
-        result = jax.tree.map(np.asarray, solve(jax.numpy.asarray(b, H.dtype)))
+        result = jax.tree.map(np.asarray, solve(jnp.asarray(b, H.dtype)))
         rows.append(
             {
                 "beta": float(b),
