@@ -14,6 +14,7 @@ from . import (
     spin as spin,
     viz as viz,
 )
+from ._deprecated import __getattr__ as __getattr__
 from ._energy import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     AbstractEnergy as AbstractEnergy,
@@ -68,12 +69,20 @@ from ._energy import (
     vector_couplings as vector_couplings,
 )
 from ._solver import (
+    CG as CG,
+    GMRES as GMRES,
+    LBFGS as LBFGS,
+    LU as LU,
     RESULTS as RESULTS,
     AbstractAdjoint as AbstractAdjoint,
     AbstractFixedPointSolver as AbstractFixedPointSolver,
+    AbstractIterativeSolver as AbstractIterativeSolver,
+    AbstractLinearSolver as AbstractLinearSolver,
     Anderson as Anderson,
-    Descent as Descent,
+    AutoLinearSolver as AutoLinearSolver,
+    Cholesky as Cholesky,
     ImplicitAdjoint as ImplicitAdjoint,
+    Newton as Newton,
     PhantomAdjoint as PhantomAdjoint,
     Picard as Picard,
     Solution as Solution,
@@ -82,6 +91,7 @@ from ._solver import (
     fixed_point as fixed_point,
     local_forces as local_forces,
     minimise as minimise,
+    root_find as root_find,
     sign_descend as sign_descend,
 )
 

@@ -116,3 +116,17 @@ def check_mask(mask: Any, shape: tuple[int | None, ...], dims: str) -> Array:
     if mask.dtype != jnp.bool_:
         raise ValueError(f"mask must be boolean (True = may attend), got dtype {mask.dtype}")
     return mask
+
+
+def python_float(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """A tolerance or constant fixed at trace time, as a finite Python float `> 0` (`>= 0`
+    with `allow_zero`), or a `ValueError` naming it."""
+    concrete = concrete_value(value)
+    if concrete is None or np.ndim(concrete) != 0:
+        raise ValueError(
+            f"{name} must be a Python float (it is fixed at trace time), got {value!r}"
+        )
+    ok = concrete >= 0 if allow_zero else concrete > 0
+    if not (np.isfinite(concrete) and ok):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(concrete)

@@ -59,7 +59,7 @@ def flatland(name: str, states: Any, stored: Any, *, key: Any) -> dict[str, Any]
         memory = queries  # the inputs are their own stored patterns, held fixed during the step
     energy = ea.HopfieldEnergy(memory, beta=beta)
     descent = ea.descend(
-        energy, queries, step_size=step_size, num_steps=num_steps, save_trajectory=True
+        energy, queries, step_size=step_size, num_steps=num_steps, return_trajectory=True
     )
     if qkv:
         outputs = descent.value @ w_v.T  # values act after the descent (W_V applied to the result)

@@ -109,7 +109,7 @@ def plot_energies(
     title: str | None = None,
     separate: bool = False,
 ) -> pathlib.Path:
-    """Write a PNG of energy curves, energy against step (e.g. `Descent.energies`).
+    """Write a PNG of energy curves, energy against step (e.g. `Solution.energies`).
 
     **Arguments:**
 
@@ -163,7 +163,7 @@ def _spin_programs() -> dict[str, Any]:
     import jax.numpy as jnp
 
     from ._energy._spin import phi
-    from ._solver._saddle import saddle_point
+    from .spin import saddle_point
 
     def curves(t: Any, J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
         def f(t: Any) -> Any:
@@ -652,7 +652,7 @@ def plot_landscape(
       `lambda x: ea.hopfield_energy(x[None], memory, beta=beta)`; it is evaluated on the grid
       with `jax.vmap`, in float32.
     - `trajectory`: the states, shape `(steps + 1, seq, 2)`, as `ea.descend(...,
-      save_trajectory=True).trajectory` returns them.
+      return_trajectory=True).trajectory` returns them.
     - `path`: the file to write.
     - `memory`: optional stored patterns, shape `(mem, 2)`.
     - `outputs`: optional value-transformed outputs, shape `(seq, 2)`.

@@ -26,7 +26,7 @@ def problem(getkey):
 
 def test_matches_hand_written_loop(problem):
     args, x0 = problem
-    descent = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=7, save_trajectory=True)
+    descent = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=7, return_trajectory=True)
     x = x0
     states, energies = [x0], []
     for _ in range(7):
@@ -51,10 +51,23 @@ def test_closed_form_on_a_quadratic(problem):
 
 def test_zero_steps(problem):
     args, x0 = problem
-    descent = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=0, save_trajectory=True)
+    descent = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=0, return_trajectory=True)
     np.testing.assert_array_equal(descent.value, x0)
     np.testing.assert_allclose(descent.energies, quadratic(x0, args)[None])
     assert descent.trajectory.shape == (1, 4)
+
+
+def test_solution_fields_and_the_deprecated_spelling(problem):
+    args, x0 = problem
+    descent = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=3)
+    assert descent.result == ea.RESULTS.successful and int(descent.num_steps) == 3
+    assert descent.trajectory is None
+    # The residual is the size (rms) of the last step.
+    x2 = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=2).value
+    np.testing.assert_allclose(descent.residual, jnp.sqrt(jnp.mean((descent.value - x2) ** 2)))
+    with pytest.warns(DeprecationWarning, match="return_trajectory"):
+        old = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=3, save_trajectory=True)
+    assert old.trajectory.shape == (4, 4)
 
 
 def test_activation_steps_in_x_with_gradient_at_g(problem):
@@ -145,6 +158,7 @@ def test_divergence_is_reported():
     # throw=False hands back the non-finite trajectory for inspection.
     descent = run(x0, False)
     assert not np.all(np.isfinite(descent.energies))
+    assert descent.result == ea.RESULTS.nonfinite
 
 
 def test_nan_initial_state_is_reported():

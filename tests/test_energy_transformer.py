@@ -172,7 +172,7 @@ def test_lyapunov_energy_decreases_and_is_bounded_tutorial_config(getkey, includ
 
     @eqx.filter_jit
     def run(et, x0):
-        descent = et.recall(x0, step_size=0.5, num_steps=3000, save_trajectory=True)
+        descent = et.recall(x0, step_size=0.5, num_steps=3000, return_trajectory=True)
         return descent.energies, jax.vmap(et.lyapunov)(descent.trajectory)
 
     energies, lyapunov = (np.asarray(a) for a in run(et, x0))

@@ -173,7 +173,7 @@ def test_plot_landscape_and_grid(tmp_path):
     memory = jr.normal(jr.key(0), (5, 2))
     energy = ea.HopfieldEnergy(memory, beta=2.0)
     descent = ea.descend(
-        energy, jr.normal(jr.key(1), (3, 2)), step_size=1.0, num_steps=2, save_trajectory=True
+        energy, jr.normal(jr.key(1), (3, 2)), step_size=1.0, num_steps=2, return_trajectory=True
     )
     panel = {
         "energy": lambda x: ea.hopfield_energy(x[None], memory, beta=2.0),

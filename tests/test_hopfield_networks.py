@@ -36,11 +36,11 @@ def _async(energy, starts, keys):
     `keys` (one key per start), or the fixed order 0, 1, ..., d-1 when `keys` is None."""
     if keys is None:
         run = lambda s0: ea.sign_descend(  # noqa: E731
-            energy, s0, num_sweeps=NUM_SWEEPS, save_trajectory=True
+            energy, s0, num_sweeps=NUM_SWEEPS, return_trajectory=True
         )
         return jax.vmap(run)(starts)
     run = lambda s0, k: ea.sign_descend(  # noqa: E731
-        energy, s0, num_sweeps=NUM_SWEEPS, key=k, save_trajectory=True
+        energy, s0, num_sweeps=NUM_SWEEPS, key=k, return_trajectory=True
     )
     return jax.vmap(run)(starts, keys)
 
@@ -49,7 +49,7 @@ def _async(energy, starts, keys):
 def _sync(energy, starts):
     """NUM_SWEEPS synchronous sweeps from each start."""
     run = lambda s0: ea.sign_descend(  # noqa: E731
-        energy, s0, num_sweeps=NUM_SWEEPS, synchronous=True, save_trajectory=True
+        energy, s0, num_sweeps=NUM_SWEEPS, synchronous=True, return_trajectory=True
     )
     return jax.vmap(run)(starts)
 
@@ -202,16 +202,16 @@ def test_sync_two_cycle_versus_async_convergence():
     w = jnp.array([[0.0, 1.0], [1.0, 0.0]])
     energy = ea.ClassicalHopfieldEnergy(w)
     s0 = jnp.array([1.0, -1.0])
-    sync = ea.sign_descend(energy, s0, num_sweeps=4, synchronous=True, save_trajectory=True)
+    sync = ea.sign_descend(energy, s0, num_sweeps=4, synchronous=True, return_trajectory=True)
     np.testing.assert_array_equal(sync.trajectory, [[1, -1], [-1, 1], [1, -1], [-1, 1], [1, -1]])
     np.testing.assert_array_equal(sync.energies, np.ones(5))  # -xi_1 xi_2 = 1 throughout
     # In order: unit 0 sees field xi_1 = -1 -> -1; unit 1 then sees -1 -> -1.
-    asyn = ea.sign_descend(energy, s0, num_sweeps=2, save_trajectory=True)
+    asyn = ea.sign_descend(energy, s0, num_sweeps=2, return_trajectory=True)
     np.testing.assert_array_equal(asyn.trajectory, [[1, -1], [-1, -1], [-1, -1]])
     np.testing.assert_array_equal(asyn.energies, [1.0, -1.0, -1.0])
     assert asyn.value.shape == (2,)
     # Zero sweeps: the initial state and its energy.
-    zero = ea.sign_descend(energy, s0, num_sweeps=0, save_trajectory=True)
+    zero = ea.sign_descend(energy, s0, num_sweeps=0, return_trajectory=True)
     np.testing.assert_array_equal(zero.value, s0)
     np.testing.assert_array_equal(zero.trajectory, s0[None])
     np.testing.assert_array_equal(zero.energies, [1.0])
@@ -522,7 +522,7 @@ _descend = eqx.filter_jit(ea.descend)
 
 def _check_descent(energy, x0, step_size):
     """20 steps; returns the Descent (its trajectory holds the state after the first step)."""
-    out = _descend(energy, x0, step_size=step_size, num_steps=20, save_trajectory=True)
+    out = _descend(energy, x0, step_size=step_size, num_steps=20, return_trajectory=True)
     e = np.asarray(out.energies)
     assert e.shape == (21,)
     assert np.all(np.isfinite(e))

@@ -102,7 +102,7 @@ def test_lyapunov_decreases_for_image_model_config(getkey):
 
     @eqx.filter_jit
     def run(et, tokens):
-        descent = et.recall(tokens, num_steps=300, save_trajectory=True)  # alpha = 0.1
+        descent = et.recall(tokens, num_steps=300, return_trajectory=True)  # alpha = 0.1
         return jax.vmap(et.lyapunov)(descent.trajectory)
 
     lyapunov = np.asarray(run(et, tokens))

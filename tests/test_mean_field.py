@@ -12,7 +12,8 @@ import pytest
 import energyattn as ea
 
 FIXTURES = Path(__file__).parent / "fixtures"
-TIGHT = dict(rtol=1e-14, atol=1e-14, max_steps=400)
+TOL = dict(rtol=1e-14, atol=1e-14)
+TIGHT = dict(solver=ea.Anderson(**TOL), max_steps=400)
 
 
 def _load(name):
@@ -81,7 +82,7 @@ def test_gaussian_spin_energy_stationary_point_is_naive_mean_field(getkey):
         -jax.grad(ea.gaussian_spin_energy)(s, x, J), ea.naive_mean_field(s, x, J) - s, atol=1e-12
     )
     exact = jnp.linalg.solve(jnp.eye(15) - _dense(J), x.reshape(-1)).reshape(5, 3)
-    minimum = ea.minimise(ea.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), step_size=0.5, **TIGHT)
+    minimum = ea.minimise(ea.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), max_steps=400)
     np.testing.assert_allclose(minimum.value, exact, atol=1e-11)
 
 
@@ -250,7 +251,7 @@ def _fd_check(loss, params, key, eps=1e-6):
 def test_implicit_equals_unrolled_equals_finite_differences(getkey, variant):
     n, d = 4, 3
     layer = ea.nn.MeanFieldAttention(
-        n, d, variant=variant, solver=ea.Picard(), key=getkey(), **TIGHT
+        n, d, variant=variant, solver=ea.Picard(**TOL), max_steps=400, key=getkey()
     )
     x = jr.normal(getkey(), (n, d)) / np.sqrt(d)
     target = jr.normal(getkey(), (n, d))
@@ -278,8 +279,9 @@ def test_anderson_needs_fewer_iterations_than_picard_on_the_neural_variant():
     # stronger, closer to the edge of contraction (74, 77 vs 44, 53).
     for scale in (1.0, 1.5):
         counts = {}
-        for name, solver in (("picard", ea.Picard()), ("anderson", ea.Anderson())):
-            layer = _neural_layer(F, solver=solver, rtol=1e-10, atol=1e-12)
+        tol = dict(rtol=1e-10, atol=1e-12)
+        for name, solver in (("picard", ea.Picard(**tol)), ("anderson", ea.Anderson(**tol))):
+            layer = _neural_layer(F, solver=solver)
             layer = eqx.tree_at(lambda m: m.weight, layer, scale * layer.weight)
             sol = jax.vmap(layer.solve)(x)
             assert bool(jnp.all(sol.converged))
@@ -357,7 +359,7 @@ def test_one_naive_mean_field_step_is_a_transformer_block(getkey):
     expected = after_attention + jax.vmap(block.feed_forward)(after_attention)
     np.testing.assert_allclose(block(x), expected, atol=1e-12)
     # The deep, implicit version of the same block solves z = J(X) z + FF(z) + X.
-    sol = block.fixed_point(x, rtol=1e-12, atol=1e-12, throw=False)
+    sol = block.fixed_point(x, solver=ea.Anderson(rtol=1e-12, atol=1e-12), throw=False)
     if sol.converged:
         J = block.couplings(x)
         np.testing.assert_allclose(

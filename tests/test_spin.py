@@ -223,7 +223,7 @@ def test_saddle_point_is_stationary_and_warm_start():
     J, H = problem()
     sol = solve(J, H, 1.3)
     assert sol.result == ea.RESULTS.successful and sol.converged
-    assert rel(sol.stats["value"], phi_checks(sol.value, J, H, np.asarray(1.3))["phi"]) == 0
+    assert rel(sol.stats["value"], phi_checks(sol.value, J, H, np.asarray(1.3))["phi"]) < 1e-15
     # |g| <= decrement * sqrt(largest Hessian eigenvalue): ~1e-12 at the default tolerance.
     assert np.max(np.abs(phi_checks(sol.value, J, H, np.asarray(1.3))["grad"])) < 1e-11
     assert sol.residual < 1e-10 and 2 <= sol.num_steps <= 8
@@ -415,7 +415,7 @@ def test_input_dependent_couplings():
 
 # One compiled program for every result-code check: one Newton step at most, no halving (the
 # failures below happen at the start or at the first step).
-NO_THROW = dict(max_steps=1, max_backtracks=0, throw=False)
+NO_THROW = dict(max_steps=1, solver=ea.Newton(max_backtracks=0), throw=False)
 
 
 def test_infeasible_start():
@@ -476,10 +476,12 @@ def test_bad_beta_and_shapes(user_mode):
         sp.saddle_point(J, H, 1.0, 1.0)
     with pytest.raises(ValueError, match="mode must be 'vector'"):
         sp.saddle_point(J, H, 1.0, mode="matrix")
-    with pytest.raises(ValueError, match="max_steps must be a non-negative integer"):
+    with pytest.raises(ValueError, match="max_steps must be a positive integer"):
         sp.saddle_point(J, H, 1.0, max_steps=2.5)
-    with pytest.raises(ValueError, match="tol must be > 0"):
-        sp.saddle_point(J, H, 1.0, tol=0.0)
+    with pytest.raises(ValueError, match="solver must be ea.Newton"):
+        sp.saddle_point(J, H, 1.0, solver=ea.Anderson())
+    with pytest.raises(ValueError, match="rtol must be >= 0"):
+        sp.saddle_point(J, H, 1.0, solver=ea.Newton(rtol=-1.0))
 
 
 def test_public_names_are_documented():
@@ -498,18 +500,20 @@ def float32_batch(J, H):
 
 
 def test_float32_converges_with_default_tolerance():
-    """float32 inputs stay float32 and converge with the default tolerance."""
+    """float32 inputs stay float32 and converge with the default tolerance: the Newton step
+    left at the returned t*, computed in float64, is below eps32 ** 0.75 relative to t."""
     n, d, batch = 32, 16, 8
     problems = [problem(seed, n, d) for seed in range(batch)]
     J = np.stack([p[0] for p in problems]).astype(np.float32)
     H = np.stack([p[1] for p in problems]).astype(np.float32)
     t, steps, ok = float32_batch(J, H)
     assert t.dtype == jnp.float32 and np.all(ok) and np.all(np.asarray(steps) <= 10)
-    tol = np.finfo(np.float32).eps ** 0.85 * np.sqrt(n)  # the default stopping tolerance
+    tol = np.finfo(np.float32).eps ** 0.75  # the default stopping tolerance
     for b in range(batch):
         t64, J64, H64 = (np.asarray(a, np.float64) for a in (t[b], J[b], H[b]))
         A = np.linalg.inv(np.diag(t64) - J64)
         X = A @ H64
         grad = 1.0 - 0.5 * np.diagonal(A) - 0.25 * np.sum(X**2, -1)
-        decrement = np.sqrt(grad @ np.linalg.solve(A * (0.5 * A + 0.5 * X @ X.T), grad))
-        assert decrement < 1.5 * tol and np.max(np.abs(grad)) < 2e-5  # measured in float64
+        step = np.linalg.solve(A * (0.5 * A + 0.5 * X @ X.T), grad)
+        assert np.sqrt(np.mean(step**2)) < 1.5 * tol * np.sqrt(np.mean(t64**2))
+        assert np.max(np.abs(grad)) < 5e-5  # measured in float64

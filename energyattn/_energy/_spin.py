@@ -119,24 +119,24 @@ def phi_terms(tp: Float[Array, " n"], fac: Factor, beta: Float[Array, ""]) -> tu
 def grad_hess_from(
     tp: Float[Array, " n"],
     A: Float[Array, "spins spins"],
-    X: Float[Array, "spins dim"],
+    P: Float[Array, "spins spins"],
     beta: Float[Array, ""],
 ) -> tuple[Float[Array, " n"], Float[Array, "n n"]]:
     """The analytic gradient and the exact Hessian of $\\varphi$ with respect to `tp`.
 
-    With $A = V^{-1}$ and $X = V^{-1}H$ (so $V^{-1}HH^\\top V^{-1} = XX^\\top$):
+    With $A = V^{-1}$, $X = V^{-1}H$ and $P = XX^\\top = V^{-1}HH^\\top V^{-1}$:
 
-    $$\\partial_i\\varphi = \\beta - \\tfrac12 A_{ii} - \\tfrac\\beta4 (XX^\\top)_{ii},\\qquad
+    $$\\partial_i\\varphi = \\beta - \\tfrac12 A_{ii} - \\tfrac\\beta4 P_{ii},\\qquad
       \\partial_i\\partial_j\\varphi = A_{ij}\\left(\\tfrac12 A_{ij}
-      + \\tfrac\\beta2 (XX^\\top)_{ij}\\right)$$
+      + \\tfrac\\beta2 P_{ij}\\right)$$
 
     ($\\partial A/\\partial t_j = -A e_j e_j^\\top A$ gives both). Scalar mode sums them:
     $\\varphi'(t) = \\sum_i \\partial_i\\varphi$, $\\varphi''(t) = \\sum_{ij}
     \\partial_i\\partial_j\\varphi$. Only products and sums: cheap to differentiate again.
     """
     n = A.shape[0]
-    grad = beta - 0.5 * jnp.diagonal(A) - 0.25 * beta * jnp.sum(jnp.square(X), axis=-1)
-    hess = A * (0.5 * A + 0.5 * beta * (X @ X.T))
+    grad = beta - 0.5 * jnp.diagonal(A) - 0.25 * beta * jnp.diagonal(P)
+    hess = A * (0.5 * A + 0.5 * beta * P)
     if tp.shape[0] == 1 and n != 1:  # scalar mode: t_i = t for every i
         return jnp.sum(grad, keepdims=True), jnp.sum(hess, keepdims=True)
     return grad, hess
@@ -177,12 +177,23 @@ def inverse_from_cholesky(L: Float[Array, "n n"]) -> Float[Array, "n n"]:
     return _lower_gram(_triangular_inverse(L))
 
 
-def grad_hess(
-    tp: Float[Array, " n"], fac: Factor, H: Float[Array, "spins dim"], beta: Float[Array, ""]
-) -> tuple[Float[Array, " n"], Float[Array, "n n"]]:
-    """`grad_hess_from` with $A = V^{-1}$ from the factor and $X = AH$."""
-    A = inverse_from_cholesky(fac.L)
-    return grad_hess_from(tp, A, A @ H, beta)
+class Parts(NamedTuple):
+    """$A = V^{-1}$, $X = V^{-1}H$ and $P = XX^\\top$: everything $\\varphi$'s derivatives
+    are made of (the magnetizations are $\\frac\\beta2 X$)."""
+
+    A: Float[Array, "spins spins"]
+    X: Float[Array, "spins dim"]
+    P: Float[Array, "spins spins"]
+
+
+def parts_from(A: Float[Array, "spins spins"], H: Float[Array, "spins dim"]) -> Parts:
+    X = A @ H
+    return Parts(A, X, X @ X.T)
+
+
+def parts_from_factor(fac: Factor, H: Float[Array, "spins dim"]) -> Parts:
+    """The parts from the Cholesky factor of $V$ (no second factorisation)."""
+    return parts_from(inverse_from_cholesky(fac.L), H)
 
 
 @jax.custom_jvp
@@ -222,7 +233,7 @@ def grad_hess_tp(
 ) -> tuple[Float[Array, " n"], Float[Array, "n n"], Bool[Array, ""]]:
     """Gradient and Hessian as differentiable functions of everything, and the domain flag."""
     A, logdet = _inverse(tp, J)
-    grad, hess = grad_hess_from(tp, A, A @ H, beta)
+    grad, hess = grad_hess_from(tp, A, parts_from(A, H).P, beta)
     return grad, hess, jnp.isfinite(logdet)
 
 

@@ -1,42 +1,35 @@
-"""Fixed-step gradient descent on an energy, in `jax.lax.scan`."""
+"""Fixed-step gradient descent on an energy, in `jax.lax.scan`.
 
+Descent is not a solve: it runs a fixed number of steps and never tests convergence, so it
+does not go through the package's solver loop (whose per-pass bookkeeping it would pay for
+nothing); it returns the same [`Solution`][energyattn.Solution], with the energy of every
+step in `Solution.energies`.
+"""
+
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
-from .._checks import check_finite, check_positive, positive_int, shape_str
+from .._checks import check_finite, check_positive, positive_int
 from .._custom_types import Scalar, ScalarLike, State
-
-
-class Descent(eqx.Module):
-    """The result of [`descend`][energyattn.descend] or [`sign_descend`][energyattn.sign_descend].
-
-    **Attributes:**
-
-    - `value`: the final state $x_T$ (same structure as the initial state).
-    - `energies`: the energy before every step and after the last, shape `(num_steps + 1,)`;
-      `energies[0]` is the energy of the initial state.
-    - `trajectory`: the states $x_0, \\dots, x_T$ stacked on a new leading axis of length
-      `num_steps + 1`, or `None` unless `save_trajectory=True`.
-    """
-
-    value: State
-    energies: Float[Array, " steps"]
-    trajectory: State | None
+from ._iterate import check_energy_output, check_initial, rms
+from ._solution import RESULTS, Solution
 
 
 def collect_history(
-    history: Any, final_state: State, final_energy: Scalar, save_trajectory: bool
+    history: Any, final_state: State, final_energy: Scalar, return_trajectory: bool
 ) -> tuple[Float[Array, " steps"], State | None]:
     """Energies (and states) of a scan's steps, with the final ones appended.
 
     `history` is what the scan emitted per step: the energies, or `(energies, states)`.
     """
-    if save_trajectory:
+    if return_trajectory:
         step_energies, states = history
         trajectory = jax.tree.map(lambda xs, x: jnp.concatenate([xs, x[None]]), states, final_state)
     else:
@@ -45,26 +38,17 @@ def collect_history(
     return energies, trajectory
 
 
-def check_state(x0: Any, name: str = "x0") -> State:
-    x0 = jax.tree.map(jnp.asarray, x0)
-    leaves = jax.tree.leaves(x0)
-    if not leaves:
-        raise ValueError(f"{name} must contain at least one array")
-    for leaf in leaves:
-        if not jnp.issubdtype(leaf.dtype, jnp.floating):
-            raise ValueError(f"{name} must hold floating-point arrays, got dtype {leaf.dtype}")
-    return x0
-
-
-def check_energy_output(energy: Callable, g: Any, args: Any) -> None:
-    """Raise `ValueError` unless `energy(g, args)` is a scalar (`g` may be shape structs)."""
-    out = jax.eval_shape(energy, g, args)
-    if isinstance(out, jax.ShapeDtypeStruct) and out.shape == ():
-        return
-    got = (
-        shape_str(out.shape) if isinstance(out, jax.ShapeDtypeStruct) else f"a {type(out).__name__}"
+def trajectory_flag(return_trajectory: bool, save_trajectory: bool | None, name: str) -> bool:
+    """`return_trajectory`, or the deprecated `save_trajectory` spelling of it."""
+    if save_trajectory is None:
+        return bool(return_trajectory)
+    warnings.warn(
+        f"{name}(save_trajectory=...) is deprecated: use return_trajectory=..., the one name "
+        "for it across energyattn",
+        DeprecationWarning,
+        stacklevel=3,
     )
-    raise ValueError(f"the energy must return a scalar (a 0-d array), got {got}")
+    return bool(save_trajectory or return_trajectory)
 
 
 def descend(
@@ -75,9 +59,10 @@ def descend(
     step_size: ScalarLike,
     num_steps: int,
     activation: Callable[[State], State] | None = None,
-    save_trajectory: bool = False,
+    return_trajectory: bool = False,
     throw: bool = True,
-) -> Descent:
+    save_trajectory: bool | None = None,
+) -> Solution:
     r"""Fixed-step gradient descent on an energy, unrolled in `jax.lax.scan`.
 
     $$x_{t+1} = x_t - \alpha\, \nabla_g E(g, \text{args})\big|_{g = g(x_t)}$$
@@ -88,8 +73,8 @@ def descend(
     `jax.grad` of the energy, never a formula written beside it. One step of size 1 on
     [`hopfield_energy`][energyattn.hopfield_energy] is softmax attention.
 
-    Works under `jit`, `vmap` and `grad`; gradients flow through the unrolled steps (so the
-    step size and the energy's parameters can be trained).
+    Works under `jit`, `vmap`, `grad` and `jvp`; derivatives flow through the unrolled steps
+    (so the step size and the energy's parameters can be trained).
 
     **Arguments:**
 
@@ -100,25 +85,30 @@ def descend(
     - `step_size`: $\alpha > 0$.
     - `num_steps`: number of steps $T \ge 0$ (a Python int).
     - `activation`: optional $g(x)$, returning the same structure and shapes as `x`.
-    - `save_trajectory`: also return every state.
+    - `return_trajectory`: also return every state (`Solution.trajectory`).
     - `throw`: raise (at run time) if the initial state or any recorded energy is NaN/inf
-      (default). With `throw=False` a diverging descent returns its non-finite values.
+      (default). With `throw=False` a diverging descent returns its non-finite values and
+      `RESULTS.nonfinite`.
+    - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
     **Returns:**
 
-    A [`Descent`][energyattn.Descent]: the final state, the energy at every step
-    (`num_steps + 1` values, measured at $g(x_t)$) and optionally the trajectory.
+    A [`Solution`][energyattn.Solution]: `value` the final state $x_T$, `energies` the energy
+    at every step (`num_steps + 1` values, measured at $g(x_t)$), `num_steps` $T$,
+    `residual` the rms size of the last step, and `trajectory` the states
+    $x_0, \dots, x_T$ (stacked) when asked for.
 
     ??? cite "Source"
 
         M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021);
         B. Hoover et al., *Energy Transformer* (2023) for the activation form.
     """
+    return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "ea.descend")
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_steps = positive_int("num_steps", num_steps, minimum=0)
     step_size = check_positive("step_size", step_size)
-    x0 = check_state(x0)
+    x0 = check_initial(x0, "x0")
     if throw:
         x0 = jax.tree.map(lambda leaf: check_finite("the initial state x0", leaf), x0)
     to_g = activation if activation is not None else (lambda x: x)
@@ -138,22 +128,32 @@ def descend(
 
     energy_and_force = jax.value_and_grad(energy)
 
-    def step(x, _):
+    def step(carry, _):
+        x, _ = carry
         value, grad = energy_and_force(to_g(x), args)
-        x_next = jax.tree.map(
-            lambda xi, gi: xi - step_size.astype(xi.dtype) * gi.astype(xi.dtype), x, grad
-        )
-        return x_next, ((value, x) if save_trajectory else value)
+        update = jax.tree.map(lambda xi, gi: (step_size * gi).astype(xi.dtype), x, grad)
+        x_next = jax.tree.map(lambda xi, ui: xi - ui, x, update)
+        size = rms(ravel_pytree(update)[0])
+        return (x_next, size), ((value, x) if return_trajectory else value)
 
-    x_final, history = jax.lax.scan(step, x0, None, length=num_steps)
+    zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(x0)))
+    (x_final, size), history = jax.lax.scan(step, (x0, zero), None, length=num_steps)
     energies, trajectory = collect_history(
-        history, x_final, energy(to_g(x_final), args), save_trajectory
+        history, x_final, energy(to_g(x_final), args), return_trajectory
     )
+    finite = jnp.all(jnp.isfinite(energies))
     if throw:
         x_final, energies, trajectory = eqx.error_if(
             (x_final, energies, trajectory),
-            ~jnp.all(jnp.isfinite(energies)),
-            "descend: the energy became NaN or inf; the step size is probably too large "
+            ~finite,
+            "ea.descend: the energy became NaN or inf; the step size is probably too large "
             "(or the energy is unbounded below). Pass throw=False to inspect the trajectory.",
         )
-    return Descent(value=x_final, energies=energies, trajectory=trajectory)
+    return Solution(
+        value=x_final,
+        result=RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite),
+        num_steps=jnp.full((), num_steps, jnp.int32),
+        residual=size,
+        energies=energies,
+        trajectory=trajectory,
+    )

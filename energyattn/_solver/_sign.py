@@ -12,7 +12,9 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_shape, concrete_value, positive_int
 from .._custom_types import Scalar
-from ._descend import Descent, check_energy_output, collect_history
+from ._descend import collect_history, trajectory_flag
+from ._iterate import check_energy_output
+from ._solution import RESULTS, Solution
 
 
 def _flip_choice(energy: Callable, s: Array, i: Array, args: Any) -> Array:
@@ -31,8 +33,9 @@ def sign_descend(
     num_sweeps: int,
     synchronous: bool = False,
     key: PRNGKeyArray | None = None,
-    save_trajectory: bool = False,
-) -> Descent:
+    return_trajectory: bool = False,
+    save_trajectory: bool | None = None,
+) -> Solution:
     r"""Sign dynamics of a discrete Hopfield network on ±1 states.
 
     Each unit takes the sign that gives the lower energy, everything else fixed:
@@ -57,18 +60,21 @@ def sign_descend(
     - `num_sweeps`: number of sweeps (each updates every unit once), $\ge 0$.
     - `synchronous`: update all units at once.
     - `key`: optional PRNG key for a random unit order in each asynchronous sweep.
-    - `save_trajectory`: also return the state after every sweep.
+    - `return_trajectory`: also return the state after every sweep.
+    - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
     **Returns:**
 
-    A [`Descent`][energyattn.Descent] with the final state, the energy before each sweep and
-    after the last, and optionally the states.
+    A [`Solution`][energyattn.Solution]: the final state, `energies` (before each sweep and
+    after the last), `num_steps` the sweeps, `residual` the fraction of units that flipped in
+    the last sweep (0 at a fixed point of the dynamics), and optionally the states.
 
     ??? cite "Source"
 
         M. Bal, *An Energy-Based Perspective on Attention Mechanisms in Transformers* (2020),
         "Classical discrete Hopfield networks" and "Modern discrete Hopfield networks".
     """
+    return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "ea.sign_descend")
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_sweeps = positive_int("num_sweeps", num_sweeps, minimum=0)
@@ -91,7 +97,8 @@ def sign_descend(
     dim = s0.shape[0]
     indices = jnp.arange(dim)
 
-    def sweep(s, sweep_key):
+    def sweep(carry, sweep_key):
+        s, _ = carry
         if synchronous:
             s_next = jax.vmap(lambda i: _flip_choice(energy, s, i, args))(indices)
         else:
@@ -101,9 +108,20 @@ def sign_descend(
                 return state.at[i].set(_flip_choice(energy, state, i, args)), None
 
             s_next, _ = jax.lax.scan(unit, s, order)
-        return s_next, ((energy(s, args), s) if save_trajectory else energy(s, args))
+        flipped = jnp.mean((s_next != s).astype(s.dtype))
+        return (s_next, flipped), ((energy(s, args), s) if return_trajectory else energy(s, args))
 
     sweep_keys = None if key is None else jr.split(key, num_sweeps)
-    s_final, history = jax.lax.scan(sweep, s0, sweep_keys, length=num_sweeps)
-    energies, trajectory = collect_history(history, s_final, energy(s_final, args), save_trajectory)
-    return Descent(value=s_final, energies=energies, trajectory=trajectory)
+    zero = jnp.zeros((), s0.dtype)
+    (s_final, flipped), history = jax.lax.scan(sweep, (s0, zero), sweep_keys, length=num_sweeps)
+    energies, trajectory = collect_history(
+        history, s_final, energy(s_final, args), return_trajectory
+    )
+    return Solution(
+        value=s_final,
+        result=RESULTS.where(True, RESULTS.successful, RESULTS.successful),
+        num_steps=jnp.full((), num_sweeps, jnp.int32),
+        residual=flipped,
+        energies=energies,
+        trajectory=trajectory,
+    )

@@ -1,4 +1,4 @@
-"""What every iterative solver returns: `Solution`, with a `RESULTS` code (tier 3 of errors)."""
+"""What every solver returns: `Solution`, with a `RESULTS` code (tier 3 of errors)."""
 
 from typing import Any
 
@@ -18,7 +18,7 @@ class RESULTS(eqx.Enumeration):
     successful = ""
     max_steps_reached = (
         "the solver did not converge within `max_steps` steps; raise `max_steps`, loosen the "
-        "tolerances, or pass `throw=False` to inspect the last iterate"
+        "solver's tolerances (`rtol`, `atol`), or pass `throw=False` to inspect the last iterate"
     )
     nonfinite = "the iterate or its residual became non-finite (NaN or inf)"
     diverged = (
@@ -31,19 +31,40 @@ class RESULTS(eqx.Enumeration):
         "example a matrix that should be positive definite is not) and backtracking could "
         "not bring it back"
     )
+    unbounded = (
+        "the energy decreased without bound (it reached -inf, or fell more than 1/eps times "
+        "its starting size below the start): there is no minimum to find from this start"
+    )
+    indefinite = (
+        "the solver stopped at a stationary point where the Hessian is not positive "
+        "definite: a saddle point or a maximum, not a minimum"
+    )
+    increased = (
+        "the returned point has a higher energy than the start: a fixed-point solver on the "
+        "gradient map (ea.Picard / ea.Anderson) is not a descent method; use ea.LBFGS or "
+        "ea.Newton, or a smaller step_size"
+    )
+    stalled = (
+        "the line search found no point that decreases the objective along the step, far "
+        "from convergence (round-off, or a non-smooth objective); loosen the tolerances"
+    )
 
 
 class Solution(eqx.Module):
-    """The result of an iterative solve (fixed point, root, minimum, saddle point).
+    """The result of a solver: a fixed point, root, minimum, saddle point or descent.
 
     **Attributes:**
 
     - `value`: the solution (same structure as the initial guess).
     - `result`: a [`RESULTS`][energyattn.RESULTS] code; `RESULTS.successful` when converged.
-    - `num_steps`: the number of iterations taken (an integer array; per example under `vmap`).
+    - `num_steps`: the number of steps taken (an integer array; per example under `vmap`).
     - `residual`: the size of the last step or residual, in the solver's own stopping measure.
     - `stats`: solver-specific extras (a dict of arrays), possibly empty.
-    - `trajectory`: the iterates, or `None` unless the solver was asked to save them.
+    - `energies`: for descent ([`descend`][energyattn.descend],
+      [`sign_descend`][energyattn.sign_descend]) the energy before every step and after the
+      last, shape `(num_steps + 1,)`; `None` for solvers that do not record it.
+    - `trajectory`: the iterates stacked on a new leading axis, or `None` unless asked for
+      (`return_trajectory=True`).
     """
 
     value: State
@@ -51,6 +72,7 @@ class Solution(eqx.Module):
     num_steps: Int[Array, ""]
     residual: Float[Array, ""]
     stats: dict[str, Any] = eqx.field(default_factory=dict)
+    energies: Float[Array, " steps"] | None = None
     trajectory: State | None = None
 
     @property

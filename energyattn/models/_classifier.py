@@ -43,7 +43,7 @@ class MeanFieldClassifier(eqx.Module):
     - `num_classes`: default 10.
     - `conv_channels`: channels of the convolution (default 16).
     - `key`: PRNG key (keyword only); other keywords go to `MeanFieldAttention` (e.g.
-      `solver`, `adjoint`, `max_steps`, `rtol`, `contraction`, `sym_internal`).
+      `solver`, `adjoint`, `max_steps`, `contraction`, `sym_internal`).
 
     ??? cite "Source"
 

@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_finite, positive_int, shape_str
 from .._custom_types import Scalar
-from .._solver import Descent
+from .._solver import Solution
 from ..data._patches import check_image_shape, patchify, unpatchify
 from ..nn import EnergyTransformer
 from ..nn._common import default_dtype
@@ -184,7 +184,7 @@ class ImageEnergyTransformer(eqx.Module):
         num_steps: int | None = None,
         return_trajectory: Literal[True],
         key: PRNGKeyArray | None = None,
-    ) -> tuple[Float[Array, "channels height width"], Descent]: ...
+    ) -> tuple[Float[Array, "channels height width"], Solution]: ...
 
     def __call__(
         self,
@@ -197,7 +197,7 @@ class ImageEnergyTransformer(eqx.Module):
         key: PRNGKeyArray | None = None,
     ) -> (
         Float[Array, "channels height width"]
-        | tuple[Float[Array, "channels height width"], Descent]
+        | tuple[Float[Array, "channels height width"], Solution]
     ):
         """Reconstruct an image whose masked patches are hidden from the model.
 
@@ -207,9 +207,8 @@ class ImageEnergyTransformer(eqx.Module):
         - `mask`: boolean `(num_patches,)`, `True` for the patches to hide (see
           [`random_patch_mask`][energyattn.data.random_patch_mask]).
         - `step_size`, `num_steps`: override the transformer's $\\alpha$ and $T$.
-        - `return_trajectory`: also return the [`Descent`][energyattn.Descent] of the tokens
-          (energies per step; states when `save_trajectory` is needed, call
-          `model.transformer.recall` directly).
+        - `return_trajectory`: also return the descent's [`Solution`][energyattn.Solution]
+          (energies per step in `energies`, the tokens of every step in `trajectory`).
         - `key`: unused; accepted for Equinox compatibility.
 
         **Returns:**
@@ -218,7 +217,9 @@ class ImageEnergyTransformer(eqx.Module):
         ones are the inpainting); with `return_trajectory=True` also the descent.
         """
         tokens = self.prepare(self.encode(image), mask)
-        descent = self.transformer.recall(tokens, step_size=step_size, num_steps=num_steps)
+        descent = self.transformer.recall(
+            tokens, step_size=step_size, num_steps=num_steps, return_trajectory=return_trajectory
+        )
         reconstruction = self.decode(descent.value[1:])
         return (reconstruction, descent) if return_trajectory else reconstruction
 

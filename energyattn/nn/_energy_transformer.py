@@ -19,7 +19,8 @@ from .._energy import (
     transformer_attention_energy,
     transformer_memory_energy,
 )
-from .._solver import Descent, descend
+from .._solver import Solution, descend
+from .._solver._descend import trajectory_flag
 from ._common import default_dtype
 
 
@@ -257,8 +258,9 @@ class EnergyTransformer(eqx.Module):
         *,
         step_size: float | None = None,
         num_steps: int | None = None,
-        save_trajectory: bool = False,
-    ) -> Descent:
+        return_trajectory: bool = False,
+        save_trajectory: bool | None = None,
+    ) -> Solution:
         """Run the dynamics with [`descend`][energyattn.descend] (activation = the layer norm).
 
         **Arguments:**
@@ -266,13 +268,15 @@ class EnergyTransformer(eqx.Module):
         - `x`: initial tokens $x_0$, shape `(seq, dim)`.
         - `mask`: optional boolean `(seq, seq)` attention mask.
         - `step_size`, `num_steps`: override the module's $\\alpha$ and $T$.
-        - `save_trajectory`: keep every state $x_t$.
+        - `return_trajectory`: keep every state $x_t$ (`save_trajectory` is its deprecated
+          spelling).
 
         **Returns:**
 
-        A [`Descent`][energyattn.Descent]: final tokens $x_T$, the energy $E(g_t)$ at every
-        step, and optionally the states.
+        A [`Solution`][energyattn.Solution]: final tokens $x_T$, the energy $E(g_t)$ at every
+        step (`energies`), and optionally the states (`trajectory`).
         """
+        return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "recall")
         x, mask = self._inputs(x, mask)
         return descend(
             self.as_energy(),
@@ -281,7 +285,7 @@ class EnergyTransformer(eqx.Module):
             step_size=self.step_size if step_size is None else step_size,
             num_steps=self.num_steps if num_steps is None else num_steps,
             activation=self.layer_norm,
-            save_trajectory=save_trajectory,
+            return_trajectory=return_trajectory,
         )
 
     @overload
@@ -302,7 +306,7 @@ class EnergyTransformer(eqx.Module):
         mask: Bool[ArrayLike, "seq seq"] | None = None,
         return_trajectory: Literal[True],
         key: PRNGKeyArray | None = None,
-    ) -> tuple[Float[Array, "seq dim"], Descent]: ...
+    ) -> tuple[Float[Array, "seq dim"], Solution]: ...
 
     def __call__(
         self,
@@ -311,12 +315,13 @@ class EnergyTransformer(eqx.Module):
         mask: Bool[ArrayLike, "seq seq"] | None = None,
         return_trajectory: bool = False,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "seq dim"] | tuple[Float[Array, "seq dim"], Descent]:
+    ) -> Float[Array, "seq dim"] | tuple[Float[Array, "seq dim"], Solution]:
         """**Arguments:**
 
         - `x`: tokens, shape `(seq, dim)`.
         - `mask`: optional boolean `(seq, seq)` attention mask.
-        - `return_trajectory`: also return the [`Descent`][energyattn.Descent] (energies).
+        - `return_trajectory`: also return the descent's [`Solution`][energyattn.Solution]
+          (`energies` and `trajectory`).
         - `key`: unused (no randomness); accepted for Equinox layer compatibility.
 
         **Returns:**
@@ -324,5 +329,5 @@ class EnergyTransformer(eqx.Module):
         The tokens after `num_steps` steps, $x_T$ (read them out through `layer_norm`); with
         `return_trajectory=True` also the descent.
         """
-        descent = self.recall(x, mask)
+        descent = self.recall(x, mask, return_trajectory=return_trajectory)
         return (descent.value, descent) if return_trajectory else descent.value

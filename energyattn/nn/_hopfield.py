@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 from .._checks import check_positive, positive_int
 from .._energy import HopfieldEnergy
 from .._energy._attention_lse import Implementation, check_implementation, select_implementation
-from .._solver import Descent, descend
+from .._solver import Solution, descend
 from ._common import (
     default_dtype,
     linear,
@@ -127,7 +127,7 @@ class HopfieldAttention(eqx.Module):
         mask: Bool[ArrayLike, "seq mem"] | None = None,
         return_trajectory: Literal[True],
         key: PRNGKeyArray | None = None,
-    ) -> tuple[Float[Array, "seq query_dim"], Descent]: ...
+    ) -> tuple[Float[Array, "seq query_dim"], Solution]: ...
 
     def __call__(
         self,
@@ -137,14 +137,15 @@ class HopfieldAttention(eqx.Module):
         mask: Bool[ArrayLike, "seq mem"] | None = None,
         return_trajectory: bool = False,
         key: PRNGKeyArray | None = None,
-    ) -> Float[Array, "seq query_dim"] | tuple[Float[Array, "seq query_dim"], Descent]:
+    ) -> Float[Array, "seq query_dim"] | tuple[Float[Array, "seq query_dim"], Solution]:
         """**Arguments:**
 
         - `x`: inputs of the queries, shape `(seq, query_dim)`.
         - `context`: inputs of the keys, shape `(mem, context_dim)`; default `x`
           (self-attention, keys held fixed during the descent).
         - `mask`: optional boolean `(seq, mem)`, `True` where attending is allowed.
-        - `return_trajectory`: also return the per-head [`Descent`][energyattn.Descent].
+        - `return_trajectory`: also return the per-head [`Solution`][energyattn.Solution]
+          of the descent.
         - `key`: unused (no randomness); accepted for Equinox layer compatibility.
 
         **Returns:**
@@ -170,7 +171,7 @@ class HopfieldAttention(eqx.Module):
 
         def descend_head(
             q: Float[Array, "seq head_dim"], k: Float[Array, "mem head_dim"]
-        ) -> Descent:
+        ) -> Solution:
             energy = HopfieldEnergy(
                 k, beta=self.beta, mask=mask, implementation=method, block_size=self.block_size
             )
@@ -183,7 +184,7 @@ class HopfieldAttention(eqx.Module):
                 q,
                 step_size=self.step_size,
                 num_steps=self.num_steps,
-                save_trajectory=return_trajectory,
+                return_trajectory=return_trajectory,
                 throw=return_trajectory,
             )
 

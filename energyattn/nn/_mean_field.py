@@ -21,13 +21,9 @@ from .._energy._mean_field import (
     transformer_block_as_mean_field,
     vector_couplings,
 )
-from .._solver._fixed_point import (
-    AbstractAdjoint,
-    AbstractFixedPointSolver,
-    Anderson,
-    ImplicitAdjoint,
-    fixed_point,
-)
+from .._solver._adjoint import AbstractAdjoint, ImplicitAdjoint
+from .._solver._fixed_point import Anderson, fixed_point
+from .._solver._iterate import AbstractIterativeSolver
 from .._solver._solution import Solution
 from ._common import default_dtype
 
@@ -82,8 +78,9 @@ class MeanFieldAttention(eqx.Module):
     - `hidden`: width of $f_\theta$ (default $4d$; `"neural"` only).
     - `weight_std`: standard deviation of the initial raw couplings (default
       $1/\sqrt{N d^2}$, so $\lVert J\rVert = O(1)$, as the seed recommends).
-    - `solver`, `adjoint`, `max_steps`, `rtol`, `atol`: passed to `ea.fixed_point` (defaults
-      like the seed's: Anderson, implicit backward, 40 steps, relative tolerance 1e-4).
+    - `solver`, `adjoint`, `max_steps`: passed to `ea.fixed_point`; the solver carries the
+      tolerances (defaults like the seed's: `ea.Anderson(rtol=1e-4, atol=1e-6)`, implicit
+      backward, 40 steps).
     - `contraction`: `"neural"` only. When set to $c \in (0, 1)$, the couplings and the
       correction are shrunk together (by $\min(1, c/B)$, $B$ the
       [`lipschitz_bound`][energyattn.nn.MeanFieldAttention.lipschitz_bound]) so the map is a
@@ -103,7 +100,7 @@ class MeanFieldAttention(eqx.Module):
 
     weight: Float[Array, "spins spins dim dim"]
     correction: eqx.nn.MLP | None
-    solver: AbstractFixedPointSolver
+    solver: AbstractIterativeSolver
     adjoint: AbstractAdjoint
     num_spins: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
@@ -112,8 +109,6 @@ class MeanFieldAttention(eqx.Module):
     sym_sites: bool = eqx.field(static=True)
     lin_response: bool = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
-    rtol: float = eqx.field(static=True)
-    atol: float = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
     contraction: float | None = eqx.field(static=True)
 
@@ -128,11 +123,9 @@ class MeanFieldAttention(eqx.Module):
         lin_response: bool = True,
         hidden: int | None = None,
         weight_std: float | None = None,
-        solver: AbstractFixedPointSolver | None = None,
+        solver: AbstractIterativeSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
         max_steps: int = 40,
-        rtol: float = 1e-4,
-        atol: float = 1e-6,
         throw: bool = True,
         contraction: float | None = None,
         dtype: Any = None,
@@ -156,11 +149,9 @@ class MeanFieldAttention(eqx.Module):
         else:
             hidden = 4 * self.dim if hidden is None else positive_int("hidden", hidden)
             self.correction = _mlp(self.dim, hidden, dtype, mkey)
-        self.solver = Anderson() if solver is None else solver
+        self.solver = Anderson(rtol=1e-4, atol=1e-6) if solver is None else solver
         self.adjoint = ImplicitAdjoint() if adjoint is None else adjoint
         self.max_steps = positive_int("max_steps", max_steps)
-        self.rtol = float(rtol)
-        self.atol = float(atol)
         self.throw = bool(throw)
         if contraction is not None:
             if tap:
@@ -259,8 +250,6 @@ class MeanFieldAttention(eqx.Module):
             solver=self.solver,
             adjoint=self.adjoint,
             max_steps=self.max_steps,
-            rtol=self.rtol,
-            atol=self.atol,
             throw=self.throw if throw is None else throw,
         )
 

@@ -12,8 +12,9 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from .._checks import check_finite, check_positive, check_shape, positive_int
 from .._custom_types import ScalarLike
 from .._energy._spin import Mode, check_mode, input_couplings, symmetric_couplings
-from .._solver._saddle import magnetizations
+from .._solver._root_find import Newton
 from .._solver._solution import Solution
+from ..spin._afem import magnetizations
 from ._common import default_dtype, linear
 
 
@@ -46,7 +47,8 @@ class VectorSpinAttention(eqx.Module):
     - `input_dependent`: use the couplings $J(H)$ (parameters $W_q$, $W_k$) instead of a
       coupling matrix.
     - `mode`: `"vector"` (default; one auxiliary $t_i$ per spin) or `"scalar"`.
-    - `tol`, `max_steps`: Newton settings, as in
+    - `solver`: the [`ea.Newton`][energyattn.Newton] that finds the saddle point (its
+      tolerances), and `max_steps` its most steps, as in
       [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
     - `dtype`: parameter dtype (default: JAX's default float).
     - `key`: PRNG key for the initial parameters (keyword only).
@@ -65,8 +67,8 @@ class VectorSpinAttention(eqx.Module):
     beta: float
     num_spins: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
+    solver: Newton
     mode: str = eqx.field(static=True)
-    tol: float | None = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
 
     def __init__(
@@ -77,7 +79,7 @@ class VectorSpinAttention(eqx.Module):
         *,
         input_dependent: bool = False,
         mode: Mode = "vector",
-        tol: float | None = None,
+        solver: Newton | None = None,
         max_steps: int = 50,
         dtype: Any = None,
         key: PRNGKeyArray,
@@ -86,7 +88,9 @@ class VectorSpinAttention(eqx.Module):
         self.dim = positive_int("dim", dim)
         self.beta = float(check_positive("beta", beta))
         self.mode = check_mode(mode)
-        self.tol = None if tol is None else float(check_positive("tol", tol))
+        self.solver = Newton() if solver is None else solver
+        if not isinstance(self.solver, Newton):
+            raise ValueError(f"solver must be ea.Newton(...), got {solver!r}")
         self.max_steps = positive_int("max_steps", max_steps)
         dtype = default_dtype(dtype)
         self.norm = eqx.nn.LayerNorm(self.dim, eps=1e-5, dtype=dtype)
@@ -166,7 +170,7 @@ class VectorSpinAttention(eqx.Module):
             self.beta,
             t0,
             mode=self.mode,  # type: ignore[arg-type]
-            tol=self.tol,
+            solver=self.solver,
             max_steps=self.max_steps,
             return_solution=return_solution,  # type: ignore[call-overload]
         )

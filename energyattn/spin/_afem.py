@@ -1,73 +1,86 @@
-r"""The vector-spin saddle point $t^*$, differentiated implicitly, and what follows from it.
+r"""The vector-spin saddle point $t^*$ and what follows from it: a client of the solver engine.
 
-$t^* = \arg\min_t \varphi(t; J, H, \beta)$ is found by `safeguarded_newton` (a
-`lax.while_loop`, which reverse-mode autodiff cannot enter). Its derivatives come from the
-implicit function theorem instead: $\nabla_t\varphi(t^*(\theta), \theta) = 0$ for all
-$\theta = (J, H, \beta)$, so
+$t^* = \arg\min_t \varphi(t; J, H, \beta)$ is found by [`ea.Newton`][energyattn.Newton] on
+$\varphi$ (its line search keeps $V = \operatorname{diag}(t) - J \succ 0$) with the exact
+analytic Hessian. The objective below hands Newton everything through one Cholesky factor
+of $V$ per trial point: $\varphi$ from the factor, then $A = V^{-1}$, $X = AH$ and
+$P = XX^\top$, from which the gradient and Hessian are sums and products. Derivatives of
+$t^*$ come from the engine's [`ImplicitAdjoint`][energyattn.ImplicitAdjoint], whose solve
+reuses Newton's last Cholesky factor of the Hessian.
 
-$$\dot t^* = -\left(\nabla_t^2\varphi\right)^{-1} \,\partial_\theta \nabla_t\varphi\;\dot\theta ,$$
+$\log Z = -\frac N2 (1 + \ln 2\beta) + \varphi(t^*)$ has a `custom_jvp` of its own, the
+envelope theorem: at the stationary point $\frac{d}{d\theta}\varphi(t^*(\theta), \theta) =
+\partial_\theta\varphi$, which is a sum of products of $A$, $X$ and $P$ with the tangents.
+Those three come from Newton's last iterate (no new factorisation), through a second
+`custom_jvp` ($\dot A = -A\dot VA$, $\dot X = \dot AH + A\dot H$) that makes them
+differentiable again, so second derivatives (training on the magnetizations) are exact.
 
-a `jax.custom_jvp` whose tangent solves with the Cholesky factor of the exact analytic
-Hessian. Forward mode is the rule itself; reverse mode transposes it (it is linear in
-$\dot\theta$); and because the rule is written in differentiable JAX operations and calls
-itself for the primal, grad-of-grad and forward-over-reverse work to any order.
-
-$\log Z = -\frac N2 (1 + \ln 2\beta) + \varphi(t^*)$ uses a second `custom_jvp`, the envelope
-theorem: at the stationary point $\frac{d}{d\theta}\varphi(t^*(\theta), \theta) =
-\partial_\theta\varphi$, so a first derivative of $\log Z$ (the magnetizations) needs no
-Hessian solve at all. Differentiating that rule once more goes through $t^*$'s implicit rule,
-which gives the exact second derivatives training needs.
+Per call, in $N\times N$ factorisation-sized operations: each Newton pass factorises $V$,
+inverts the factor, forms $A$, $X$, $P$ and factorises the Hessian; $\log Z$, its gradient
+and the magnetizations add no such operation (see `benchmarks/README.md` for the count).
 """
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, Literal, overload
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_finite, check_positive, check_shape, concrete_value, positive_int
+from .._checks import check_finite, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
 from .._energy._spin import (
     Mode,
+    Parts,
     check_mode,
     check_system,
     check_t,
     domain_value,
+    expand,
     factor,
-    grad_hess,
+    grad_hess_from,
     grad_hess_tp,
+    parts_from_factor,
     phi_terms,
-    phi_tp,
 )
-from ._newton import safeguarded_newton, spd_solve
-from ._solution import RESULTS, Solution, finish
+from .._solver._adjoint import implicit_value
+from .._solver._iterate import AbstractObjective, Problem, bounded_while, iterate, no_grad
+from .._solver._root_find import Newton
+from .._solver._solution import RESULTS, Solution
 
 Couplings = Float[ArrayLike, "spins spins"] | Callable[[Float[Array, "spins dim"]], Array]
 
-
-class _Options(NamedTuple):
-    mode: Mode
-    tol: float | None
-    max_steps: int
-    max_backtracks: int
-    throw: bool
+#: The default start is shifted towards a surely feasible point by 2^-6, 2^-5, ..., 1.
+_START_DOUBLINGS = 6
 
 
-def _options(mode: Any, tol: Any, max_steps: Any, max_backtracks: Any, throw: Any) -> _Options:
-    if tol is not None:
-        value = concrete_value(tol)
-        if value is None:
-            raise ValueError("tol must be a Python float (it is fixed at trace time)")
-        tol = float(check_positive("tol", value))
-    return _Options(
-        check_mode(mode),
-        tol,
-        positive_int("max_steps", max_steps, minimum=0),
-        positive_int("max_backtracks", max_backtracks, minimum=0),
-        bool(throw),
-    )
+class _Phi(AbstractObjective):
+    """$\\varphi(t)$ of `args = (J, H, beta)`, with analytic derivatives from one factor."""
+
+    def value(self, tp, args):
+        J, H, beta = args
+        fac = factor(tp, J, H)
+        f, scale = phi_terms(tp, fac, beta)
+        finite = (
+            jnp.all(jnp.isfinite(J))
+            & jnp.all(jnp.isfinite(H))
+            & jnp.isfinite(beta)
+            & jnp.all(jnp.isfinite(tp))
+        )
+        return domain_value(f, fac.ok, finite), scale, fac
+
+    def gradient(self, tp, args, aux):
+        return self.hessian(tp, args, aux)[0]
+
+    def hessian(self, tp, args, aux):
+        _, H, beta = args
+        parts = parts_from_factor(aux, H)
+        grad, hess = grad_hess_from(tp, parts.A, parts.P, beta)
+        return grad, hess, parts
+
+    def residual(self, tp, args):
+        return grad_hess_tp(tp, *args)[0]
 
 
 def _starts(
@@ -94,89 +107,63 @@ def _starts(
     return diag + free, diag + radius + free
 
 
-def _solve(
+def _feasible_start(
     J: Float[Array, "spins spins"],
     H: Float[Array, "spins dim"],
     beta: Float[Array, ""],
-    tp0: Float[Array, " n"] | None,
-    options: _Options,
-) -> Solution:
-    """Run the Newton loop (no derivatives flow through it; see `_implicit`)."""
-    finite = jnp.all(jnp.isfinite(J)) & jnp.all(jnp.isfinite(H)) & jnp.isfinite(beta)
-
-    def value_fn(tp):
-        fac = factor(tp, J, H)
-        f, scale = phi_terms(tp, fac, beta)
-        return domain_value(f, fac.ok, finite & jnp.all(jnp.isfinite(tp))), scale, fac
-
-    def derivatives_fn(tp, fac):
-        return grad_hess(tp, fac, H, beta)
-
-    if tp0 is None:
-        tp0, fallback = _starts(J, H, beta, options.mode == "scalar")
-    else:
-        fallback = None
-    return safeguarded_newton(
-        value_fn,
-        derivatives_fn,
-        tp0,
-        fallback=fallback,
-        tol=options.tol,
-        max_steps=options.max_steps,
-        max_backtracks=options.max_backtracks,
-    )
-
-
-@jax.custom_jvp
-def _implicit(
-    tp: Float[Array, " n"],
-    J: Float[Array, "spins spins"],
-    H: Float[Array, "spins dim"],
-    beta: Float[Array, ""],
+    scalar: bool,
 ) -> Float[Array, " n"]:
-    """`tp`, a root of $\\nabla_t\\varphi$, as a differentiable function of $J, H, \\beta$."""
+    """The first of $t_0 + a(b - t_0)$, $a = 0, 2^{-6}, 2^{-5}, \\dots, 1$ ($t_0$ the
+    uncoupled start, $b$ the fallback) where $V \\succ 0$: close to $t_0$ when a small shift
+    suffices, never worse than $b$ (for which it always holds)."""
+    start, fallback = _starts(J, H, beta, scalar)
+
+    def cond(carry):
+        k, _, ok = carry
+        return ~ok & (k <= _START_DOUBLINGS + 1)
+
+    def body(carry):
+        k, _, _ = carry
+        shift = jnp.where(k == 0, 0.0, 2.0 ** (k - 1 - _START_DOUBLINGS)).astype(start.dtype)
+        tp = start + shift * (fallback - start)
+        return k + 1, tp, factor(tp, J, H).ok
+
+    init = (jnp.zeros((), jnp.int32), start, jnp.zeros((), bool))
+    _, tp, _ = bounded_while(cond, body, init, _START_DOUBLINGS + 2, False)
     return tp
 
 
-@_implicit.defjvp
-def _implicit_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
-    tp_raw, J, H, beta = primals
-    _, J_dot, H_dot, beta_dot = tangents
-    # Calling the rule's own function for the primal makes the tangent below differentiable
-    # again (its dependence on t* goes through this same rule): grad-of-grad works.
-    tp = _implicit(tp_raw, J, H, beta)
+class _Saddle(eqx.Module):
+    """A solve, without derivatives, and what Newton's last iterate leaves for reuse."""
 
-    def grad_and_hess(J, H, beta):
-        return grad_hess_tp(tp, J, H, beta)[:2]
-
-    (_, hess), (grad_dot, _) = jax.jvp(grad_and_hess, (J, H, beta), (J_dot, H_dot, beta_dot))
-    return tp, -spd_solve(hess, grad_dot)
+    solution: Solution  # value = t* (no derivatives yet; see `_attach`)
+    factor: Float[Array, "n n"]  # Cholesky factor of the Hessian there
+    parts: Parts  # A, X, P there
+    phi: Float[Array, ""]  # phi there
 
 
-@jax.custom_jvp
-def _phi_at_saddle(
-    tp: Float[Array, " n"],
-    J: Float[Array, "spins spins"],
-    H: Float[Array, "spins dim"],
-    beta: Float[Array, ""],
-) -> Scalar:
-    """$\\varphi(t^*)$ whose first derivative skips $t^*$ (envelope theorem)."""
-    return phi_tp(tp, J, H, beta)
+_PROBLEM = Problem(None, _Phi(), "minimise")
 
 
-@_phi_at_saddle.defjvp
-def _phi_at_saddle_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
-    tp, J, H, beta = primals
-    _, J_dot, H_dot, beta_dot = tangents
-    # d/dθ φ(t*(θ), θ) = ∂_θ φ + ∂_t φ · dt*/dθ, and ∂_t φ = 0 at t*. `tp` still carries its
-    # tangent into any outer differentiation of this rule, through `_implicit`.
-    return jax.jvp(
-        lambda J, H, beta: phi_tp(tp, J, H, beta), (J, H, beta), (J_dot, H_dot, beta_dot)
-    )
+def _options(mode: Any, solver: Any, max_steps: Any) -> tuple[Mode, Newton | None, int]:
+    if solver is not None and not isinstance(solver, Newton):
+        raise ValueError(f"solver must be ea.Newton(...) (with its tolerances), got {solver!r}")
+    return check_mode(mode), solver, positive_int("max_steps", max_steps)
+
+
+def default_solver(dtype: Any) -> Newton:
+    """`ea.Newton` with tolerances `eps ** 0.75` (1.8e-12 in float64, 6.4e-6 in float32).
+
+    Tighter than Newton's own default (`eps ** 0.6`) because $\\log Z$, its gradient and the
+    magnetizations are read off the last iterate Newton evaluated (no new factorisation),
+    whose error is the last step's size, not its square.
+    """
+    tol = float(jnp.finfo(dtype).eps) ** 0.75
+    return Newton(rtol=tol, atol=tol)
 
 
 def _system(
-    J: Any, H: Any, beta: Any, t0: Any, options: _Options
+    J: Any, H: Any, beta: Any, t0: Any, mode: Mode
 ) -> tuple[Array, Array, Array, Array | None]:
     """Checked, symmetrised `J` (evaluated at `H` if callable), `H`, `beta` and `tp0`."""
     check_shape("H", H, "spins dim")
@@ -186,7 +173,7 @@ def _system(
     J, H, beta = check_system(J, H, beta)
     tp0 = None
     if t0 is not None:
-        check_t(t0, H.shape[0], options.mode, "t0")
+        check_t(t0, H.shape[0], mode, "t0")
         tp0 = jax.lax.stop_gradient(jnp.asarray(t0).astype(H.dtype).reshape(-1))
     return J, H, beta, tp0
 
@@ -196,33 +183,52 @@ def _saddle(
     H: Float[Array, "spins dim"],
     beta: Float[Array, ""],
     tp0: Float[Array, " n"] | None,
-    options: _Options,
-) -> Solution:
-    """The checked solve; `value` is the internal `tp`, differentiable through `_implicit`."""
-    if options.throw:
-        J = check_finite("J", J)
-        H = check_finite("H", H)
-        beta = check_finite("beta", beta)
+    mode: Mode,
+    solver: Newton | None,
+    max_steps: int,
+    throw: bool,
+) -> _Saddle:
+    """The checked solve through the engine's loop; no derivatives flow through it."""
+    if throw:
+        J, H, beta = check_finite("J", J), check_finite("H", H), check_finite("beta", beta)
         if tp0 is not None:
             tp0 = check_finite("t0", tp0)
-    stop = jax.lax.stop_gradient
-    raw = _solve(stop(J), stop(H), stop(beta), tp0, options)
-    if options.throw and tp0 is not None:
-        # No decrement exists (residual = inf) only when the start itself is infeasible.
-        bad_start = (raw.result == RESULTS.infeasible) & jnp.isinf(raw.residual)
-        raw = eqx.tree_at(
+    J, H, beta = no_grad((J, H, beta))
+    solver = default_solver(H.dtype) if solver is None else solver
+    if tp0 is None:
+        tp0 = _feasible_start(J, H, beta, mode == "scalar")
+    solution, extras = iterate(solver, _PROBLEM, tp0, (J, H, beta), max_steps)
+    # t* is the last iterate Newton evaluated, not that plus its last (tiny) step: the
+    # cached A, X, P, phi and the Hessian's factor are then exact at the t* returned.
+    last = extras["point"]
+    solution = eqx.tree_at(lambda s: s.value, solution, last.y)
+    if throw:
+        # Only an infeasible start fails before any step.
+        bad_start = (solution.result == RESULTS.infeasible) & (solution.num_steps == 0)
+        solution = eqx.tree_at(
             lambda s: s.value,
-            raw,
+            solution,
             eqx.error_if(
-                raw.value,
+                solution.value,
                 bad_start,
                 "saddle_point: V = diag(t0) - J is not positive definite at the given t0, "
                 "so Newton cannot start there; start further right (larger t0) or pass "
                 "t0=None for the feasible default start",
             ),
         )
-    raw = finish(raw, options.throw)
-    return eqx.tree_at(lambda s: s.value, raw, _implicit(raw.value, J, H, beta))
+    saddle = _Saddle(solution, extras["factor"], extras["cache"], last.f)
+    if throw:
+        # Route everything read off the solve through the check: log Z uses phi and the
+        # parts, not t* itself.
+        failed = solution.result != RESULTS.successful
+        saddle = solution.result.error_if(saddle, failed)
+    return saddle
+
+
+def _attach(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Array:
+    """$t^*$ as a differentiable function of `J`, `H`, `beta` (implicit function theorem,
+    solving with Newton's last Cholesky factor of the Hessian)."""
+    return implicit_value(saddle.solution.value, _PROBLEM, (J, H, beta), saddle.factor, throw=throw)
 
 
 def _public(solution: Solution, mode: Mode) -> Solution:
@@ -232,6 +238,75 @@ def _public(solution: Solution, mode: Mode) -> Solution:
     return solution
 
 
+@jax.custom_jvp
+def _parts_at(
+    tp: Float[Array, " n"],
+    J: Float[Array, "spins spins"],
+    H: Float[Array, "spins dim"],
+    cache: Parts,
+) -> Parts:
+    """$A, X, P$ at `tp` (given by `cache`, computed by Newton) as differentiable functions.
+
+    $\\dot A = -A\\dot V A$ with $\\dot V = \\operatorname{diag}(\\dot t) - \\dot J$,
+    $\\dot X = \\dot A H + A\\dot H$, $\\dot P = \\dot X X^\\top + X\\dot X^\\top$: products of
+    this same function's outputs, so every order of derivatives reuses the cache.
+    """
+    return cache
+
+
+@_parts_at.defjvp
+def _parts_at_jvp(primals: tuple, tangents: tuple) -> tuple[Parts, Parts]:
+    tp, J, H, cache = primals
+    tp_dot, J_dot, H_dot, _ = tangents
+    A, X, P = parts = _parts_at(tp, J, H, cache)
+    V_dot = jnp.diag(expand(tp_dot, J.shape[0])) - J_dot
+    A_dot = -A @ V_dot @ A
+    X_dot = A_dot @ H + A @ H_dot
+    cross = X_dot @ X.T
+    return parts, Parts(A_dot, X_dot, cross + cross.T)
+
+
+@jax.custom_jvp
+def _phi_at(
+    tp: Float[Array, " n"],
+    J: Float[Array, "spins spins"],
+    H: Float[Array, "spins dim"],
+    beta: Float[Array, ""],
+    phi: Float[Array, ""],
+    cache: Parts,
+) -> Scalar:
+    """$\\varphi(t^*)$ (the value Newton computed) whose first derivative skips $t^*$
+    (envelope theorem) and is read off $A, X, P$:
+
+    $$\\dot\\varphi = \\sum_{ij}\\left(\\tfrac12 A + \\tfrac\\beta4 P\\right)_{ij}\\dot J_{ij}
+      + \\tfrac\\beta2\\sum X\\circ\\dot H + \\dot\\beta\\left(\\sum_i t_i
+      + \\tfrac14\\sum H\\circ X\\right).$$
+    """
+    return phi
+
+
+@_phi_at.defjvp
+def _phi_at_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
+    tp, J, H, beta, phi, cache = primals
+    _, J_dot, H_dot, beta_dot, _, _ = tangents
+    # `tp` still carries its (implicit) tangent into any outer derivative of this rule.
+    A, X, P = _parts_at(tp, J, H, cache)
+    t = expand(tp, J.shape[0])
+    tangent = (
+        jnp.sum((0.5 * A + 0.25 * beta * P) * J_dot)
+        + 0.5 * beta * jnp.sum(X * H_dot)
+        + beta_dot * (jnp.sum(t) + 0.25 * jnp.sum(H * X))
+    )
+    return _phi_at(tp, J, H, beta, phi, cache), tangent
+
+
+def _log_z(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Scalar:
+    num_spins = H.shape[0]
+    tp = _attach(saddle, J, H, beta, throw)
+    phi = _phi_at(tp, J, H, beta, saddle.phi, saddle.parts)
+    return -0.5 * num_spins * (1 + jnp.log(2 * beta)) + phi
+
+
 def saddle_point(
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
@@ -239,9 +314,8 @@ def saddle_point(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
 ) -> Solution:
     r"""The saddle point $t^*$ of a vector-spin model's partition function, by safeguarded Newton.
@@ -249,10 +323,11 @@ def saddle_point(
     $$t^* = \arg\min_{t:\ V \succ 0} \varphi(t), \qquad \nabla_t \varphi(t^*) = 0,
       \qquad V = \operatorname{diag}(t) - J$$
 
-    Damped Newton with the exact Hessian in a `lax.while_loop`: each step solves with the
-    Cholesky factor of $\nabla^2\varphi$; a backtracking line search rejects trial points
-    where $V$ is not positive definite (its Cholesky factorisation fails) and requires
-    Armijo's sufficient decrease up to round-off; it stops on the Newton decrement. The
+    [`ea.Newton`][energyattn.Newton] on $\varphi$ with the exact Hessian, through the
+    package's solver loop: each step solves with the Cholesky factor of
+    $\nabla^2\varphi$; the line search rejects trial points where $V$ is not positive
+    definite (its Cholesky factorisation fails) and requires Armijo's sufficient decrease up
+    to round-off; it stops when the Newton step is below the solver's tolerances. The
     default start is the uncoupled saddle point
     $t_i = (1 + \sqrt{1 + 4\beta^2\lVert h_i\rVert^2})/(4\beta)$ (plus $J_{ii}$); when that
     is not feasible it is shifted by $a R_i$, with $R_i = \sum_{j\ne i}|J_{ij}|$ each row's
@@ -261,8 +336,9 @@ def saddle_point(
     itself be feasible.
 
     The returned value is differentiable with respect to `J`, `H` and `beta` by the implicit
-    function theorem (a `custom_jvp` that solves with the Hessian's Cholesky factor), to
-    any order, in forward and reverse mode; `t0` gets no gradient. Under `vmap` every
+    function theorem ([`ImplicitAdjoint`][energyattn.ImplicitAdjoint], reusing Newton's last
+    Cholesky factor of the Hessian), to any order, in forward and reverse mode; `t0` gets no
+    gradient. Under `vmap` every
     example stops on its own, and its result does not depend on the rest of the batch.
 
     **Arguments:**
@@ -272,10 +348,10 @@ def saddle_point(
     - `beta`: inverse temperature $\beta > 0$.
     - `t0`: optional warm start: shape `(spins,)`, or `()` in scalar mode.
     - `mode`: `"vector"` (default; one $t_i$ per spin) or `"scalar"` (one shared $t$).
-    - `tol`: stop when the Newton decrement is below `tol` (default: a little above
-      round-off for the dtype, `eps**0.85 * sqrt(n)`).
-    - `max_steps`: the most Newton steps (default 50; convergence typically takes 4 to 8).
-    - `max_backtracks`: the most step halvings per line search (default 40).
+    - `solver`: an [`ea.Newton`][energyattn.Newton] carrying the tolerances and the most
+      step halvings per line search (default: `ea.Newton(rtol=tol, atol=tol)` with
+      `tol = eps ** 0.75`, 1.8e-12 in float64 and 6.4e-6 in float32).
+    - `max_steps`: the most Newton steps (default 50; convergence typically takes 2 to 5).
     - `throw`: raise (at run time) when the solve fails (default). With `throw=False` the
       failure is reported in `result` instead: `RESULTS.infeasible` when $V$ cannot be made
       positive definite from `t0` (or a line search finds no point where it is),
@@ -286,8 +362,8 @@ def saddle_point(
 
     A [`Solution`][energyattn.Solution]: `value` is $t^*$ (shape `(spins,)`, or `()` in scalar
     mode), `result` the [`RESULTS`][energyattn.RESULTS] code, `num_steps` the Newton steps,
-    `residual` the final Newton decrement, and `stats` holds `"value"` ($\varphi(t^*)$) and
-    `"backtracks"` (step halvings in total).
+    `residual` the rms size of the last Newton step, and `stats` holds `"value"`
+    ($\varphi(t^*)$) and `"backtracks"` (step halvings in total).
 
     ??? cite "Source"
 
@@ -295,19 +371,11 @@ def saddle_point(
         "Steepest descent: hunting for the saddle" and "Implicit layers for steepest-descent
         root-finding".
     """
-    options = _options(mode, tol, max_steps, max_backtracks, throw)
-    J, H, beta, tp0 = _system(J, H, beta, t0, options)
-    return _public(_saddle(J, H, beta, tp0, options), options.mode)
-
-
-def _log_z(
-    tp: Float[Array, " n"],
-    J: Float[Array, "spins spins"],
-    H: Float[Array, "spins dim"],
-    beta: Float[Array, ""],
-) -> Scalar:
-    num_spins = H.shape[0]
-    return -0.5 * num_spins * (1 + jnp.log(2 * beta)) + _phi_at_saddle(tp, J, H, beta)
+    mode, solver, max_steps = _options(mode, solver, max_steps)
+    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
+    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, bool(throw))
+    tp = _attach(saddle, J, H, beta, bool(throw))
+    return _public(eqx.tree_at(lambda s: s.value, saddle.solution, tp), mode)
 
 
 def log_partition(
@@ -317,9 +385,8 @@ def log_partition(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
 ) -> Scalar:
     r"""The steepest-descent (large-$D$) log-partition function of a vector-spin model.
@@ -338,7 +405,7 @@ def log_partition(
       only the symmetric part enters.
     - `H`: fields, shape `(spins, dim)`.
     - `beta`: inverse temperature $\beta > 0$.
-    - `t0`, `mode`, `tol`, `max_steps`, `max_backtracks`, `throw`: as in
+    - `t0`, `mode`, `solver`, `max_steps`, `throw`: as in
       [`saddle_point`][energyattn.spin.saddle_point].
 
     **Returns:**
@@ -350,9 +417,10 @@ def log_partition(
         M. Bal, *Transformers from Spin Models: Approximate Free Energy Minimization* (2021),
         eq. "afe".
     """
-    options = _options(mode, tol, max_steps, max_backtracks, throw)
-    J, H, beta, tp0 = _system(J, H, beta, t0, options)
-    return _log_z(_saddle(J, H, beta, tp0, options).value, J, H, beta)
+    mode, solver, max_steps = _options(mode, solver, max_steps)
+    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
+    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, bool(throw))
+    return _log_z(saddle, J, H, beta, bool(throw))
 
 
 def free_energy(
@@ -362,9 +430,8 @@ def free_energy(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
 ) -> Scalar:
     r"""The approximate free energy (AFEM) of a vector-spin model.
@@ -391,9 +458,8 @@ def free_energy(
         beta,
         t0,
         mode=mode,
-        tol=tol,
+        solver=solver,
         max_steps=max_steps,
-        max_backtracks=max_backtracks,
         throw=throw,
     )
     return -log_z / check_positive("beta", beta).astype(log_z.dtype)
@@ -407,9 +473,8 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
     return_solution: Literal[False] = False,
 ) -> Float[Array, "spins dim"]: ...
@@ -423,9 +488,8 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
     return_solution: Literal[True],
 ) -> tuple[Float[Array, "spins dim"], Solution]: ...
@@ -438,9 +502,8 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     *,
     mode: Mode = "vector",
-    tol: float | None = None,
+    solver: Newton | None = None,
     max_steps: int = 50,
-    max_backtracks: int = 40,
     throw: bool = True,
     return_solution: bool = False,
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]:
@@ -460,7 +523,7 @@ def magnetizations(
 
     **Arguments:**
 
-    - `J`, `H`, `beta`, `t0`, `mode`, `tol`, `max_steps`, `max_backtracks`, `throw`: as in
+    - `J`, `H`, `beta`, `t0`, `mode`, `solver`, `max_steps`, `throw`: as in
       [`log_partition`][energyattn.spin.log_partition].
     - `return_solution`: also return the saddle point's [`Solution`][energyattn.Solution]
       (e.g. to warm-start the next call with its `value`).
@@ -475,20 +538,20 @@ def magnetizations(
         eqs. "spinevgeneral" and "spinev"; *Transformers Are Secretly Collectives of Spin
         Systems* (2021), eq. "magnetization".
     """
-    options = _options(mode, tol, max_steps, max_backtracks, throw)
+    mode, solver, max_steps = _options(mode, solver, max_steps)
     couplings_fn = J if callable(J) else None
-    J, H, beta, tp0 = _system(J, H, beta, t0, options)
-    solution = _saddle(J, H, beta, tp0, options)
-    tp_raw = jax.lax.stop_gradient(solution.value)
+    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
+    throw = bool(throw)
+    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, throw)
 
     def log_z(H_: Float[Array, "spins dim"]) -> Scalar:
         J_ = J if couplings_fn is None else check_system(couplings_fn(H_), H_, beta)[0]
-        # Re-attach t*'s implicit dependence on everything, now including this H_.
-        return _log_z(_implicit(tp_raw, J_, H_, beta), J_, H_, beta)
+        # t*'s implicit dependence on everything, now including this H_.
+        return _log_z(saddle, J_, H_, beta, throw)
 
     m = jax.grad(log_z)(H)
     if return_solution:
-        return m, _public(solution, options.mode)
+        return m, _public(saddle.solution, mode)
     return m
 
 

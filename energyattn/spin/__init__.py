@@ -2,12 +2,13 @@
 
 A system of vector spins with couplings `J` (spins, spins) in fields `H` (spins, dim) at inverse
 temperature `beta`: the steepest-descent function `phi(t)` of its auxiliary variables, the
-saddle point `t*` (safeguarded Newton, differentiated implicitly), `log_partition`,
-`free_energy` and `magnetizations` (`jax.grad` of `log_partition` with respect to `H`).
+saddle point `t*` (`ea.Newton` through the solver engine, differentiated implicitly),
+`log_partition`, `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with
+respect to `H`).
 Everything is unbatched; use `jax.vmap` for batches.
 """
 
-from ._energy._spin import (
+from .._energy._spin import (
     PhiEnergy as PhiEnergy,
     input_couplings as input_couplings,
     phi as phi,
@@ -15,7 +16,7 @@ from ._energy._spin import (
     phi_hessian as phi_hessian,
     symmetric_couplings as symmetric_couplings,
 )
-from ._solver._saddle import (
+from ._afem import (
     free_energy as free_energy,
     log_partition as log_partition,
     magnetizations as magnetizations,

@@ -1,0 +1,272 @@
+r"""How derivatives flow through a solve: implicit, unrolled, or phantom.
+
+The implicit adjoint is one `custom_jvp`. At a solution $y^*(\theta)$ of $F(y, \theta) = 0$
+(the residual of the problem: $f(y) - y$ for a fixed point, $F$ for a root, $\nabla_y E$ for
+a minimum) the implicit function theorem gives the tangent
+
+$$\partial_y F\;\dot y^* = -\,\partial_\theta F\;\dot\theta ,$$
+
+a linear solve (`jax.lax.custom_linear_solve`, see `_linear.py`). Forward mode is this rule;
+reverse mode is its transpose, which JAX derives (a solve with $(\partial_y F)^\top$); and
+because the rule is written in differentiable JAX operations and re-enters itself for the
+primal, `jax.hessian`, `jax.jacfwd` of `jax.grad`, and any other composition work to any
+order. The solve itself runs with every input cut from differentiation, so the loop is
+never differentiated, and the initial guess gets no derivative (it may depend on
+differentiated inputs).
+"""
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._checks import positive_int, python_float
+from .._custom_types import State
+from ._iterate import (
+    AbstractIterativeSolver,
+    Flat,
+    Kind,
+    Problem,
+    as_arrays,
+    check_initial,
+    flatten_problem,
+    iterate,
+    no_grad,
+)
+from ._linear import AbstractLinearSolver, AutoLinearSolver
+from ._solution import Solution, finish
+
+
+class AbstractAdjoint(eqx.Module):
+    """How derivatives flow through a solve (see
+    [`ImplicitAdjoint`][energyattn.ImplicitAdjoint],
+    [`UnrolledAdjoint`][energyattn.UnrolledAdjoint],
+    [`PhantomAdjoint`][energyattn.PhantomAdjoint])."""
+
+    @abc.abstractmethod
+    def solve(
+        self,
+        solver: AbstractIterativeSolver,
+        problem: Problem,
+        y0: Flat,
+        args: Any,
+        *,
+        max_steps: int,
+        throw: bool,
+    ) -> tuple[Solution, dict[str, Any]]:
+        """Solve, with this adjoint's derivative rule attached to `Solution.value`; also
+        return the solver's extras (factorisations, caches)."""
+
+
+class ImplicitAdjoint(AbstractAdjoint):
+    r"""Implicit differentiation (the implicit function theorem) at the solution.
+
+    $$\dot y^* = -\left(\partial_y F\right)^{-1}\partial_\theta F\;\dot\theta$$
+
+    A `custom_jvp` over a `jax.lax.custom_linear_solve`: `jax.grad`, `jax.jvp`,
+    `jax.jacfwd`, `jax.hessian` and `jax.vmap` compose, to any order. Memory and time do not
+    depend on how many iterations the forward solve took.
+
+    **Arguments:**
+
+    - `linear_solver`: how to solve with $\partial_y F$ (an
+      [`ea.LU`][energyattn.LU], [`ea.Cholesky`][energyattn.Cholesky],
+      [`ea.GMRES`][energyattn.GMRES] or [`ea.CG`][energyattn.CG]); the default reuses the
+      forward solver's factorisation when there is one (Newton) and otherwise picks dense
+      or matrix-free by size ([`AutoLinearSolver`][energyattn.AutoLinearSolver]).
+
+    With `throw=True` in the solve, a linear solve that fails raises and says it was the
+    derivative's solve.
+
+    ??? cite "Source"
+
+        S. Bai, J. Z. Kolter, V. Koltun, *Deep Equilibrium Models* (2019); M. Blondel et al.,
+        *Efficient and Modular Implicit Differentiation* (2022).
+    """
+
+    linear_solver: AbstractLinearSolver = AutoLinearSolver()
+
+    def __check_init__(self):
+        if not isinstance(self.linear_solver, AbstractLinearSolver):
+            raise ValueError(
+                "ImplicitAdjoint(linear_solver=...) must be ea.LU(), ea.Cholesky(), "
+                f"ea.GMRES() or ea.CG(), got {self.linear_solver!r}"
+            )
+
+    def solve(self, solver, problem, y0, args, *, max_steps, throw):
+        solution, extras = iterate(solver, no_grad(problem), no_grad(y0), no_grad(args), max_steps)
+        # Only the value carries derivatives (result codes and statistics do not).
+        solution = no_grad(solution)
+        value = implicit_value(
+            solution.value,
+            problem,
+            args,
+            extras.get("factor"),
+            linear_solver=self.linear_solver,
+            throw=throw,
+        )
+        return eqx.tree_at(lambda s: s.value, solution, value), extras
+
+
+def implicit_value(
+    root: Flat,
+    problem: Problem,
+    args: Any,
+    factor: Any = None,
+    *,
+    linear_solver: AbstractLinearSolver | None = None,
+    throw: bool = True,
+) -> Flat:
+    """`root` (a solution computed without derivatives) as a differentiable function of the
+    problem's arrays and `args`, by the implicit function theorem. `factor`: a factorisation
+    of the residual's Jacobian at `root` to reuse, or `None`."""
+    linear_solver = AutoLinearSolver() if linear_solver is None else linear_solver
+    return _implicit(
+        no_grad(root), (problem, args), no_grad(factor), linear_solver=linear_solver, throw=throw
+    )
+
+
+@eqx.filter_custom_jvp
+def _implicit(root, inputs, factor, *, linear_solver, throw):
+    """The identity on the (already computed) root, whose derivatives are the IFT's."""
+    return root
+
+
+@_implicit.def_jvp
+def _implicit_jvp(primals, tangents, *, linear_solver, throw):
+    root, inputs, factor = primals
+    _, t_inputs, _ = tangents
+    # Re-enter for the primal: an outer derivative of this rule differentiates y* again.
+    root = _implicit(root, inputs, factor, linear_solver=linear_solver, throw=throw)
+    problem = inputs[0]
+
+    def residual(y, inputs):
+        problem, args = inputs
+        return problem.residual(y, args)
+
+    if t_inputs is None:
+        return root, jnp.zeros_like(root)
+    _, rhs = eqx.filter_jvp(lambda inputs: residual(root, inputs), (inputs,), (t_inputs,))
+    _, matvec = jax.linearize(lambda y: residual(y, inputs), root)
+    t_root = linear_solver.solve(
+        matvec, -rhs, symmetric=problem.kind == "minimise", factor=factor, throw=throw
+    )
+    return root, t_root
+
+
+class UnrolledAdjoint(AbstractAdjoint):
+    """Differentiate through every iteration of the solver (backpropagation through time).
+
+    The loop becomes a `lax.scan` of exactly `max_steps` passes (finished examples frozen),
+    and so do the solvers' line searches, so the backward pass stores every iterate: memory
+    and time grow linearly with `max_steps`. The derivative is that of the truncated
+    iteration (including its dependence on the initial guess), which equals the implicit
+    one only once the iteration has converged. Forward mode and higher orders work too.
+    """
+
+    def solve(self, solver, problem, y0, args, *, max_steps, throw):
+        return iterate(solver, problem, y0, args, max_steps, unrolled=True)
+
+
+class PhantomAdjoint(AbstractAdjoint):
+    r"""Solve without derivatives, then differentiate a few damped steps taken from $z^*$.
+
+    $$z_0 = \operatorname{stop\_gradient}(z^*),\qquad z_{j+1} = z_j + \lambda\,(f(z_j) - z_j),
+    \quad j < k ,$$
+
+    and the output is $z_k$. With $k = 1$, $\lambda = 1$ this is Jacobian-free backpropagation:
+    the gradient $(\partial_\theta f)^\top\bar z$ skips the inverse $(I - \partial_z f)^{-\top}$,
+    a cheap preconditioned descent direction rather than the true gradient. Larger $k$ and
+    smaller $\lambda$ approach the implicit gradient (a truncated Neumann series). For
+    fixed points only ([`ea.fixed_point`][energyattn.fixed_point], and
+    [`ea.minimise`][energyattn.minimise] with a fixed-point solver on its gradient map).
+
+    **Arguments:**
+
+    - `num_steps`: $k \ge 1$.
+    - `damping`: $\lambda \in (0, 1]$.
+
+    ??? cite "Source"
+
+        S. W. Fung et al., *JFB: Jacobian-free backpropagation for implicit networks* (2022);
+        Z. Geng et al., *On training implicit models* (phantom gradients, 2021).
+    """
+
+    num_steps: int = eqx.field(default=1, static=True)
+    damping: float = eqx.field(default=1.0, static=True)
+
+    def __check_init__(self):
+        positive_int("num_steps", self.num_steps)
+        if python_float("damping", self.damping) > 1:
+            raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
+
+    def solve(self, solver, problem, y0, args, *, max_steps, throw):
+        if problem.kind != "fixed_point":
+            raise ValueError(
+                "ea.PhantomAdjoint differentiates steps of a fixed-point map: use it with "
+                "ea.fixed_point, or ea.minimise with ea.Picard / ea.Anderson"
+            )
+        solution, extras = iterate(solver, no_grad(problem), no_grad(y0), no_grad(args), max_steps)
+        solution = no_grad(solution)
+        z = solution.value
+        for _ in range(self.num_steps):
+            z = z + self.damping * (problem.fn(z, args) - z)
+        return eqx.tree_at(lambda s: s.value, solution, z), extras
+
+
+def check_adjoint(adjoint: Any) -> AbstractAdjoint:
+    adjoint = ImplicitAdjoint() if adjoint is None else adjoint
+    if not isinstance(adjoint, AbstractAdjoint):
+        raise ValueError(
+            "adjoint must be ea.ImplicitAdjoint(), ea.UnrolledAdjoint() or "
+            f"ea.PhantomAdjoint(), got {adjoint!r}"
+        )
+    return adjoint
+
+
+def check_solver(solver: Any, kind: Kind, entry: str) -> AbstractIterativeSolver:
+    if not isinstance(solver, AbstractIterativeSolver):
+        raise ValueError(f"{entry}: solver must be an ea solver object, got {solver!r}")
+    if kind not in solver.kinds:
+        raise ValueError(
+            f"{entry} cannot use {type(solver).__name__}: it solves "
+            f"{' / '.join(solver.kinds)} problems"
+        )
+    return solver
+
+
+def solve_problem(
+    kind: Kind,
+    fn: Callable,
+    y0: State,
+    args: Any,
+    *,
+    solver: AbstractIterativeSolver,
+    adjoint: Any,
+    max_steps: Any,
+    throw: bool,
+    entry: str,
+    y0_name: str,
+    check: Callable[[Solution], Solution] | None = None,
+) -> Solution:
+    """The public entry points' common path: check once, flatten, solve, unflatten, raise.
+
+    `check` may amend the unflattened solution (its result code) before the runtime raise."""
+    if not callable(fn):
+        raise ValueError(f"{entry}: fn must be callable, got {type(fn).__name__}")
+    solver = check_solver(solver, kind, entry)
+    adjoint = check_adjoint(adjoint)
+    max_steps = positive_int("max_steps", max_steps)
+    y0 = check_initial(y0, y0_name)
+    # Python floats (and arrays traced from them, whose primal is still a Python float) in
+    # `args` become JAX arrays: otherwise a derivative with respect to them is lost.
+    args = as_arrays(jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, args))
+    problem, flat0, unravel = flatten_problem(kind, fn, y0, args)
+    solution, _ = adjoint.solve(solver, problem, flat0, args, max_steps=max_steps, throw=throw)
+    solution = eqx.tree_at(lambda s: s.value, solution, unravel(solution.value))
+    if check is not None:
+        solution = check(solution)
+    return finish(solution, bool(throw))

@@ -1,0 +1,305 @@
+r"""The one loop of the package: `init -> step -> ... -> postprocess` on a solver object.
+
+Every iterative solver (Picard, Anderson, Newton, L-BFGS, and through them fixed points,
+roots, minima and the vector-spin saddle point) is a small object with three methods; this
+module runs them. Solvers see flat vectors: the state pytree is raveled once here, and the
+function is closure-converted once here, so a closed-over array (an Equinox module's
+parameter) is an explicit input whose derivatives the adjoints can take.
+
+One pass of the loop is one call of `solver.step`. Under `vmap` the loop is a
+`lax.while_loop` whose finished examples are left untouched while the others iterate, so
+results and step counts do not depend on what else is in the batch. With `unrolled=True`
+it is a `lax.scan` of a fixed number of passes (finished examples frozen), which reverse
+mode can differentiate.
+"""
+
+import abc
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Bool, Float, PyTree
+
+from .._checks import shape_str
+from .._custom_types import State
+from ._solution import RESULTS, Solution
+
+Flat = Float[Array, " n"]
+Kind = Literal["fixed_point", "root", "minimise"]
+
+
+def rms(x: Array) -> Float[Array, ""]:
+    """Root-mean-square of all entries: a size that does not grow with the number of entries."""
+    return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+def tree_where(pred: Bool[Array, ""], a: Any, b: Any) -> Any:
+    """`jnp.where(pred, a, b)` leaf by leaf."""
+    return jax.tree.map(lambda u, v: jnp.where(pred, u, v), a, b)
+
+
+def no_grad(tree: Any) -> Any:
+    """`stop_gradient` on every floating-point array of a pytree (other leaves kept).
+
+    The result stays an array: the primal of a tracer made from a Python float (as in
+    `jax.grad(f)(5.0)`) is that Python float, which would otherwise change the pytree's
+    arrays-versus-constants split."""
+
+    def cut(x):
+        return jnp.asarray(jax.lax.stop_gradient(x)) if eqx.is_inexact_array(x) else x
+
+    return jax.tree.map(cut, tree)
+
+
+def ok_result() -> RESULTS:
+    """`RESULTS.successful` as a traced code (so it can sit in a loop carry)."""
+    return RESULTS.where(True, RESULTS.successful, RESULTS.successful)
+
+
+def bounded_while(
+    cond: Callable[[Any], Bool[Array, ""]],
+    body: Callable[[Any], Any],
+    init: Any,
+    max_passes: int,
+    unrolled: bool,
+) -> Any:
+    """`lax.while_loop(cond, body, init)`, or with `unrolled` a `lax.scan` of `max_passes`
+    passes that applies `body` only while `cond` holds (reverse mode can differentiate it).
+
+    Used for the outer loop and for inner loops such as line searches, so that an unrolled
+    solve never contains a `while_loop`. The caller guarantees that `cond` turns false
+    within `max_passes` passes.
+    """
+    if not unrolled:
+        return jax.lax.while_loop(cond, body, init)
+
+    def scan_body(carry, _):
+        return tree_where(cond(carry), body(carry), carry), None
+
+    final, _ = jax.lax.scan(scan_body, init, None, length=max_passes)
+    return final
+
+
+class AbstractObjective(eqx.Module):
+    """What Newton and L-BFGS need of an energy $E(y)$ on a flat vector (internal interface).
+
+    The default, [`EnergyObjective`][], takes everything from autodiff; a model with
+    analytic derivatives sharing one factorisation (the vector-spin $\\varphi$) implements
+    its own. `aux` carries work from `value` to the derivatives at the same point.
+    """
+
+    @abc.abstractmethod
+    def value(self, y: Flat, args: Any) -> tuple[Float[Array, ""], Float[Array, ""], Any]:
+        """$(E(y), s, \\text{aux})$: $E = +\\infty$ outside the domain (NaN only for poisoned
+        inputs) and $s$ bounds the magnitude of the terms summed into $E$ (its round-off is
+        about $\\epsilon s$)."""
+
+    @abc.abstractmethod
+    def gradient(self, y: Flat, args: Any, aux: Any) -> Flat:
+        """$\\nabla E(y)$ at a point where `value` returned `aux`."""
+
+    @abc.abstractmethod
+    def hessian(self, y: Flat, args: Any, aux: Any) -> tuple[Flat, Float[Array, "n n"], Any]:
+        """$(\\nabla E, \\nabla^2 E, \\text{aux}')$ at a point where `value` returned `aux`;
+        `aux'` is kept by the solver (a cache of the last point's derivatives)."""
+
+    @abc.abstractmethod
+    def residual(self, y: Flat, args: Any) -> Flat:
+        """$\\nabla E(y)$ as a differentiable function of `y` and `args` (for the adjoint)."""
+
+
+class EnergyObjective(AbstractObjective):
+    """An energy `fn(y, args) -> scalar`, differentiated by `jax.grad` and `jax.hessian`."""
+
+    fn: Callable[[Flat, Any], Float[Array, ""]]
+
+    def value(self, y, args):
+        energy, grad = jax.value_and_grad(self.fn)(y, args)
+        return energy, jnp.abs(energy), grad
+
+    def gradient(self, y, args, aux):
+        return aux
+
+    def hessian(self, y, args, aux):
+        return aux, jax.hessian(self.fn)(y, args), aux
+
+    def residual(self, y, args):
+        return jax.grad(self.fn)(y, args)
+
+
+class Problem(eqx.Module):
+    """A problem on flat vectors: `fn` is the map $f$ (fixed point $y = f(y)$), the residual
+    $F$ (root $F(y) = 0$) or, for minimisation, carried by `objective`."""
+
+    fn: Callable[[Flat, Any], Any] | None
+    objective: AbstractObjective | None
+    kind: Kind = eqx.field(static=True)
+
+    def residual(self, y: Flat, args: Any) -> Flat:
+        """The function that is zero at the solution (what the implicit adjoint linearises)."""
+        if self.kind == "minimise":
+            return self.objective.residual(y, args)
+        out = self.fn(y, args)
+        return out - y if self.kind == "fixed_point" else out
+
+
+class AbstractIterativeSolver(eqx.Module):
+    """A solver the loop runs: `init`, then `step` until converged, then `postprocess`.
+
+    Subclasses declare the problem kinds they solve (`kinds`) and whether their first pass
+    only evaluates the start (`start_pass`: Newton and L-BFGS evaluate the derivatives at
+    $y_0$ in the loop's first pass, so each compiled function is traced once).
+    """
+
+    rtol: eqx.AbstractVar[float | None]
+    atol: eqx.AbstractVar[float | None]
+    kinds: ClassVar[tuple[str, ...]]
+    start_pass: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def init(self, problem: Problem, y: Flat, args: Any) -> PyTree:
+        """The solver's state before the first pass."""
+
+    @abc.abstractmethod
+    def step(
+        self, problem: Problem, y: Flat, args: Any, state: PyTree, unrolled: bool
+    ) -> tuple[Flat, PyTree, Bool[Array, ""], Bool[Array, ""], RESULTS]:
+        """One pass: `(y_next, state, took_step, converged, result)`. `result` is
+        `successful` unless the pass failed (the loop adds `max_steps_reached`)."""
+
+    @abc.abstractmethod
+    def postprocess(
+        self, problem: Problem, y: Flat, args: Any, state: PyTree, result: RESULTS
+    ) -> tuple[Flat, Float[Array, ""], dict[str, Any], dict[str, Any]]:
+        """`(value, residual, stats, extras)`: `extras` is for the adjoint (e.g. a factor of
+        the Jacobian at the solution) and is not part of the public `Solution`."""
+
+    def tolerances(self, dtype: Any) -> tuple[float, float]:
+        """`(rtol, atol)`, with `None` replaced by the solver's default for `dtype`."""
+        return default_tolerance(self.rtol, dtype), default_tolerance(self.atol, dtype)
+
+
+def default_tolerance(tol: float | None, dtype: Any) -> float:
+    """A tolerance, or for `None` `eps ** 0.6` of the dtype (4e-10 in float64, 7e-5 in
+    float32): well above round-off, and the error left after one more Newton-like step from
+    there is at round-off."""
+    if tol is not None:
+        return float(tol)
+    return float(jnp.finfo(dtype).eps) ** 0.6
+
+
+def iterate(
+    solver: AbstractIterativeSolver,
+    problem: Problem,
+    y0: Flat,
+    args: Any,
+    max_steps: int,
+    *,
+    unrolled: bool = False,
+) -> tuple[Solution, dict[str, Any]]:
+    """Run `solver` on `problem` from `y0`: THE loop. Returns the solution (no runtime check
+    yet: the caller decides whether to raise) and the solver's `extras`."""
+
+    def body(carry):
+        y, state, k, _, _ = carry
+        y, state, took_step, converged, result = solver.step(problem, y, args, state, unrolled)
+        k = k + took_step.astype(k.dtype)
+        ok = result == RESULTS.successful
+        result = RESULTS.where(
+            ok & ~converged & (k >= max_steps), RESULTS.max_steps_reached, result
+        )
+        running = (result == RESULTS.successful) & ~converged
+        return y, state, k, result, running
+
+    zero, running = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+    init = (y0, solver.init(problem, y0, args), zero, ok_result(), running)
+    passes = max_steps + int(solver.start_pass)
+    y, state, k, result, _ = bounded_while(lambda c: c[-1], body, init, passes, unrolled)
+    value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)
+    solution = Solution(value=value, result=result, num_steps=k, residual=residual, stats=stats)
+    return solution, extras
+
+
+# --------------------------------------------------------------------------------------------
+# Problems from user functions on pytrees
+
+
+def flatten_problem(
+    kind: Kind, fn: Callable, y0: State, args: Any
+) -> tuple[Problem, Flat, Callable[[Flat], State]]:
+    """The user's `fn(y, args)` on a pytree `y0` as a `Problem` on flat vectors.
+
+    Closure conversion turns arrays that `fn` closes over (e.g. an Equinox module's
+    parameters) into explicit leaves of the problem, which the adjoints differentiate.
+    """
+    flat0, unravel = ravel_pytree(y0)
+    want = jax.eval_shape(lambda y: y, y0)
+    if kind == "minimise":
+        check_energy_output(fn, want, args)
+
+        def flat_energy(y, args):
+            return fn(unravel(y), args).astype(y.dtype)
+
+        converted = as_arrays(eqx.filter_closure_convert(flat_energy, flat0, args))
+        return Problem(None, EnergyObjective(converted), kind), flat0, unravel
+    out = jax.eval_shape(fn, y0, args)
+    if kind == "root":
+        # As many equations as unknowns, in any structure.
+        size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(out))
+        if size != flat0.shape[0]:
+            raise ValueError(
+                f"fn(y, args) must return as many equations as there are unknowns: got {size} "
+                f"for {flat0.shape[0]} (shapes {jax.tree.map(lambda s: s.shape, out)} for "
+                f"{jax.tree.map(lambda s: s.shape, want)})"
+            )
+    else:
+        same = jax.tree.structure(out) == jax.tree.structure(want) and all(
+            a.shape == b.shape
+            for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True)
+        )
+        if not same:
+            raise ValueError(
+                "fn(y, args) must return the same structure and shapes as the initial guess: "
+                f"got {jax.tree.map(lambda s: s.shape, out)} for "
+                f"{jax.tree.map(lambda s: s.shape, want)}"
+            )
+
+    def flat_fn(y, args):
+        return ravel_pytree(fn(unravel(y), args))[0].astype(y.dtype)
+
+    converted = as_arrays(eqx.filter_closure_convert(flat_fn, flat0, args))
+    return Problem(converted, None, kind), flat0, unravel
+
+
+def as_arrays(tree: Any) -> Any:
+    """Arrays as JAX arrays: a value traced from a Python float (`jax.grad(f)(5.0)`) has a
+    Python float as its primal, which `eqx.filter_custom_jvp` would take for a constant and
+    drop its derivative."""
+    return jax.tree.map(lambda x: jnp.asarray(x) if eqx.is_array(x) else x, tree)
+
+
+def check_energy_output(energy: Callable, x: Any, args: Any) -> None:
+    """Raise `ValueError` unless `energy(x, args)` is a scalar (`x` may be shape structs)."""
+    out = jax.eval_shape(energy, x, args)
+    if isinstance(out, jax.ShapeDtypeStruct) and out.shape == ():
+        return
+    got = (
+        shape_str(out.shape) if isinstance(out, jax.ShapeDtypeStruct) else f"a {type(out).__name__}"
+    )
+    raise ValueError(f"the energy must return a scalar (a 0-d array), got {got}")
+
+
+def check_initial(y0: Any, name: str) -> State:
+    """The initial guess as a pytree of floating-point arrays, or a `ValueError` naming it."""
+    y0 = jax.tree.map(jnp.asarray, y0)
+    leaves = jax.tree.leaves(y0)
+    if not leaves:
+        raise ValueError(f"{name} must contain at least one array")
+    for leaf in leaves:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise ValueError(f"{name} must hold floating-point arrays, got dtype {leaf.dtype}")
+    return y0

@@ -1,0 +1,235 @@
+r"""The one line search: backtracking from a full step, never uphill, never out of the domain.
+
+Trial points $y + \alpha d$, $\alpha = 1, \tfrac12, \tfrac14, \dots$, until one is in the
+domain (a finite value) and satisfies Armijo's sufficient decrease with a round-off slack,
+
+$$f(y + \alpha d) \le f(y) + c\,\alpha\,\nabla f^\top d + 16\,\epsilon\,\max(s, s_\alpha),$$
+
+where $s$ bounds the magnitude of the terms summed into $f$ (so $\epsilon s$ is its
+round-off). Newton (on the energy, or on $\tfrac12\lVert F\rVert^2$ for roots) and L-BFGS
+share it.
+"""
+
+import abc
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms, tree_where
+from ._solution import RESULTS
+
+Flat = Float[Array, " n"]
+
+
+class Trial(NamedTuple):
+    """A point and what the objective said there: value, round-off scale, work to reuse."""
+
+    y: Flat
+    f: Float[Array, ""]
+    scale: Float[Array, ""]
+    aux: Any
+
+
+class Search(NamedTuple):
+    accepted: Bool[Array, ""]
+    saw_nan: Bool[Array, ""]
+    saw_feasible: Bool[Array, ""]
+    tries: Int[Array, ""]
+    trial: Trial
+
+
+def placeholder(value_fn: Callable[[Flat], tuple], y: Flat) -> Trial:
+    """Zeros shaped like a trial of `value_fn` at `y` (a loop carry needs its structure)."""
+    shapes = jax.eval_shape(value_fn, y)
+    f, scale, aux = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return Trial(jnp.zeros_like(y), f, scale, aux)
+
+
+def backtrack(
+    value_fn: Callable[[Flat], tuple[Float[Array, ""], Float[Array, ""], Any]],
+    start: Trial,
+    direction: Flat,
+    slope: Float[Array, ""],
+    *,
+    max_backtracks: int,
+    armijo: float,
+    unrolled: bool,
+) -> Search:
+    """Search along `direction` from `start` (whose `f` may be $+\\infty$: then the first
+    finite trial is accepted, which is how a solver evaluates its starting point).
+
+    `slope` is the directional derivative $\\nabla f^\\top d < 0$. A value of $-\\infty$ is
+    accepted (the caller reports an unbounded objective). Returns whether a trial was
+    accepted, whether any trial was NaN or feasible, the number of trials, and the last one.
+    """
+    eps = float(jnp.finfo(start.y.dtype).eps)
+
+    def cond(carry):
+        k, _, accepted, *_ = carry
+        return ~accepted & (k <= max_backtracks)
+
+    def body(carry):
+        k, alpha, _, saw_nan, saw_feasible, _ = carry
+        y = start.y + alpha * direction
+        f, scale, aux = value_fn(y)
+        slack = 16 * eps * jnp.maximum(start.scale, scale)
+        feasible = jnp.isfinite(f) | (f == -jnp.inf)
+        accepted = feasible & (f <= start.f + armijo * alpha * slope + slack)
+        return (
+            k + 1,
+            0.5 * alpha,
+            accepted,
+            saw_nan | jnp.isnan(f),
+            saw_feasible | feasible,
+            Trial(y, f, scale, aux),
+        )
+
+    false = jnp.zeros((), bool)
+    one = jnp.ones((), start.y.dtype)
+    init = (jnp.zeros((), jnp.int32), one, false, false, false, placeholder(value_fn, start.y))
+    k, _, accepted, saw_nan, saw_feasible, trial = bounded_while(
+        cond, body, init, max_backtracks + 1, unrolled
+    )
+    return Search(accepted, saw_nan, saw_feasible, k, trial)
+
+
+# --------------------------------------------------------------------------------------------
+# Solvers that step along a direction with this line search: Newton and L-BFGS
+
+
+class LineSearchState(NamedTuple):
+    point: Trial  # the current iterate and its value
+    direction: Flat  # the step proposed from it (zero before the first pass)
+    slope: Float[Array, ""]  # the directional derivative along it
+    size: Float[Array, ""]  # rms of the proposed step (the stopping measure)
+    memory: Any  # the solver's own (L-BFGS pairs, Newton's factor and cache)
+    started: Bool[Array, ""]
+    start_value: Float[Array, ""]  # f(y0), for the unbounded test
+    positive: Bool[Array, ""]  # curvature positive at the current iterate (minimise)
+    backtracks: Int[Array, ""]
+
+
+class AbstractLineSearchSolver(AbstractIterativeSolver):
+    """A solver that proposes a direction at each iterate and takes it with `backtrack`.
+
+    One pass: search along the current direction (the first pass only evaluates the start),
+    then propose the next direction at the accepted point and test convergence on its size,
+
+    $$\\operatorname{rms}(d_k) \\le \\text{atol} + \\text{rtol}\\,\\operatorname{rms}(y_k),$$
+
+    or, when round-off stops the steps from shrinking, $\\operatorname{rms}(d_k) \\le
+    \\sqrt{\\text{tol}}$ without having halved since the last pass. Minimisation is on the
+    energy; roots and fixed points on the merit $\\tfrac12\\lVert F\\rVert^2$.
+    """
+
+    max_backtracks: eqx.AbstractVar[int]
+    armijo: eqx.AbstractVar[float]
+    start_pass: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def init_memory(self, problem: Problem, y: Flat, args: Any) -> Any:
+        """The solver's memory before the first direction."""
+
+    @abc.abstractmethod
+    def propose(
+        self, problem: Problem, point: Trial, args: Any, state: LineSearchState, unrolled: bool
+    ) -> tuple[Flat, Float[Array, ""], Any, Bool[Array, ""]]:
+        """`(direction, slope, memory, positive)` at the accepted `point` (`positive`: the
+        curvature there is positive, for minimisation)."""
+
+    def merit(self, problem: Problem, args: Any) -> Callable[[Flat], tuple]:
+        if problem.kind == "minimise":
+            return lambda y: problem.objective.value(y, args)
+
+        def half_square(y):
+            residual = problem.residual(y, args)
+            value = 0.5 * jnp.sum(jnp.square(residual))
+            return value, value, residual
+
+        return half_square
+
+    def init(self, problem, y, args):
+        value_fn = self.merit(problem, args)
+        point = placeholder(value_fn, y)
+        inf = jnp.full((), jnp.inf, y.dtype)
+        point = point._replace(y=y, f=inf)
+        zero = jnp.zeros((), y.dtype)
+        false = jnp.zeros((), bool)
+        return LineSearchState(
+            point=point,
+            direction=jnp.zeros_like(y),
+            slope=zero,
+            size=inf,
+            memory=self.init_memory(problem, y, args),
+            started=false,
+            start_value=inf,
+            positive=false,
+            backtracks=jnp.zeros((), jnp.int32),
+        )
+
+    def step(self, problem, y, args, state, unrolled):
+        rtol, atol = self.tolerances(y.dtype)
+        value_fn = self.merit(problem, args)
+        search = backtrack(
+            value_fn,
+            state.point,
+            state.direction,
+            state.slope,
+            max_backtracks=self.max_backtracks,
+            armijo=self.armijo,
+            unrolled=unrolled,
+        )
+        point = tree_where(search.accepted, search.trial, state.point)
+        direction, slope, memory, positive = self.propose(problem, point, args, state, unrolled)
+        size = rms(direction)
+        tol = atol + rtol * rms(point.y)
+        # Quadratic (or superlinear) convergence that has hit round-off stops shrinking.
+        floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size)
+        near = (size <= tol) | (state.started & floor)
+        finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
+        start_value = jnp.where(state.started, state.start_value, point.f)
+        where = RESULTS.where
+        if problem.kind == "minimise":
+            eps = float(jnp.finfo(y.dtype).eps)
+            unbounded = (point.f == -jnp.inf) | (
+                point.f < start_value - (1 + jnp.abs(start_value)) / eps
+            )
+        else:
+            unbounded = jnp.zeros((), bool)
+        # A failed search next to the solution is round-off, not failure.
+        stalled_near = state.size <= jnp.sqrt(tol)
+        failed = where(
+            search.saw_nan,
+            RESULTS.nonfinite,
+            where(search.saw_feasible, RESULTS.stalled, RESULTS.infeasible),
+        )
+        converged = finite & jnp.where(search.accepted, near, stalled_near)
+        result = where(
+            unbounded,
+            RESULTS.unbounded,
+            where(
+                ~search.accepted & ~converged,
+                failed,
+                where(~finite, RESULTS.nonfinite, RESULTS.successful),
+            ),
+        )
+        if problem.kind == "minimise":
+            saddle = converged & ~positive & (result == RESULTS.successful)
+            result = where(saddle, RESULTS.indefinite, result)
+        took_step = state.started & search.accepted
+        new_state = LineSearchState(
+            point=point,
+            direction=direction,
+            slope=slope,
+            size=size,
+            memory=memory,
+            started=jnp.ones((), bool),
+            start_value=start_value,
+            positive=positive,
+            backtracks=state.backtracks + jnp.where(state.started, search.tries - 1, 0),
+        )
+        return point.y, new_state, took_step, converged, result

@@ -1,0 +1,203 @@
+r"""Roots $F(y^*, \theta) = 0$ and Newton's method (for roots, fixed points and minima)."""
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from jaxtyping import Array, Bool, Float
+
+from .._checks import positive_int, python_float
+from .._custom_types import State
+from ._adjoint import AbstractAdjoint, solve_problem
+from ._iterate import AbstractIterativeSolver, Problem, bounded_while
+from ._linesearch import AbstractLineSearchSolver, Trial
+from ._solution import RESULTS, Solution
+
+#: The most diagonal shifts tried when a Hessian is not positive definite.
+_MAX_SHIFTS = 40
+
+
+def shifted_cholesky(
+    hessian: Float[Array, "n n"], *, unrolled: bool = False
+) -> tuple[Float[Array, "n n"], Bool[Array, ""], Bool[Array, ""]]:
+    r"""Cholesky factor of $H + \tau I$ with the smallest tried $\tau \ge 0$ that makes it
+    positive definite.
+
+    $\tau = 0$ first (one factorisation for a convex problem); then
+    $\tau_0 = \max(0, -\min_i H_{ii}) + 10^{-3}\max_i|H_{ii}|$, doubled until the factorisation
+    succeeds (Nocedal & Wright, *Numerical Optimization*, Algorithm 3.3). Returns the factor,
+    whether $H$ itself was positive definite, and whether any shift worked (it fails only
+    for a non-finite $H$).
+    """
+    n = hessian.shape[0]
+    eye = jnp.eye(n, dtype=hessian.dtype)
+
+    def factor(tau):
+        lower = jnp.linalg.cholesky(hessian + tau * eye)
+        return lower, jnp.all(jnp.isfinite(jnp.diagonal(lower)))
+
+    lower, positive = factor(jnp.zeros((), hessian.dtype))
+    diag = jnp.diagonal(hessian)
+    finfo = jnp.finfo(hessian.dtype)
+    size = jnp.maximum(jnp.max(jnp.abs(diag)), finfo.tiny / finfo.eps)
+    tau0 = jnp.maximum(0, -jnp.min(diag)) + 1e-3 * size
+
+    def cond(carry):
+        k, _, _, ok = carry
+        return ~ok & (k < _MAX_SHIFTS)
+
+    def body(carry):
+        k, tau, _, _ = carry
+        lower, ok = factor(tau)
+        return k + 1, 2 * tau, lower, ok
+
+    _, _, lower, ok = bounded_while(cond, body, (0, tau0, lower, positive), _MAX_SHIFTS, unrolled)
+    return lower, positive, ok
+
+
+class Newton(AbstractLineSearchSolver):
+    r"""Newton's method with a backtracking line search: for roots, fixed points and minima.
+
+    - **Roots** $F(y) = 0$ (and fixed points, $F = f(y) - y$): the step solves
+      $\partial_y F\, d = -F$ (dense Jacobian by `jax.jacfwd`, LU) and the line search
+      decreases $\tfrac12\lVert F\rVert^2$; if the Jacobian is singular the step is the
+      steepest descent of that merit, $-\partial_y F^\top F$.
+    - **Minima** of $E$: the step solves $(\nabla^2 E + \tau I)\, d = -\nabla E$ with
+      $\tau = 0$ where the Hessian is positive definite and the smallest tried shift that
+      makes it so elsewhere, so every step goes downhill; the line search decreases $E$
+      itself and never leaves its domain ($E = +\infty$ there). Converging where the
+      Hessian is not positive definite is `RESULTS.indefinite`, not success.
+
+    Stops when the proposed step is small, $\operatorname{rms}(d) \le \text{atol} +
+    \text{rtol}\operatorname{rms}(y)$, and returns $y + d$ (so the error left is about the
+    square of the tolerance). The factorisation of the last step is handed to
+    [`ImplicitAdjoint`][energyattn.ImplicitAdjoint], whose linear solve reuses it.
+
+    **Arguments:**
+
+    - `rtol`, `atol`: tolerances on the step (`None`: `eps ** 0.6` of the dtype, 4e-10 in
+      float64, 7e-5 in float32).
+    - `max_backtracks`: the most halvings of the step in one line search.
+    - `armijo`: the sufficient-decrease constant $c$ of the line search.
+
+    ??? cite "Source"
+
+        J. Nocedal and S. J. Wright, *Numerical Optimization* (2006), chapters 3 and 11.
+    """
+
+    rtol: float | None = eqx.field(default=None, static=True)
+    atol: float | None = eqx.field(default=None, static=True)
+    max_backtracks: int = eqx.field(default=40, static=True)
+    armijo: float = eqx.field(default=1e-4, static=True)
+    kinds: ClassVar[tuple[str, ...]] = ("root", "fixed_point", "minimise")
+
+    def __check_init__(self):
+        for name in ("rtol", "atol"):
+            if getattr(self, name) is not None:
+                python_float(name, getattr(self, name), allow_zero=True)
+        positive_int("max_backtracks", self.max_backtracks, minimum=0)
+        if not 0 < python_float("armijo", self.armijo) < 1:
+            raise ValueError(f"armijo must be in (0, 1), got {self.armijo!r}")
+
+    def _direction(self, problem: Problem, point: Trial, args: Any, unrolled: bool):
+        if problem.kind == "minimise":
+            grad, hessian, cache = problem.objective.hessian(point.y, args, point.aux)
+            lower, positive, ok = shifted_cholesky(hessian, unrolled=unrolled)
+            newton = -jsl.cho_solve((lower, True), grad)
+            direction = jnp.where(ok, newton, -grad)
+            return direction, jnp.dot(grad, direction), (lower, cache), positive
+        residual = point.aux
+        jacobian = jax.jacfwd(problem.residual)(point.y, args)
+        lu = jsl.lu_factor(jacobian)
+        newton = -jsl.lu_solve(lu, residual)
+        ok = jnp.all(jnp.isfinite(newton))
+        # A singular Jacobian: steepest descent on the merit 1/2 |F|^2 instead.
+        steepest = -(jacobian.T @ residual)
+        direction = jnp.where(ok, newton, steepest)
+        slope = jnp.where(ok, -jnp.sum(jnp.square(residual)), -jnp.sum(jnp.square(steepest)))
+        return direction, slope, lu, jnp.ones((), bool)
+
+    def init_memory(self, problem, y, args):
+        value_fn = self.merit(problem, args)
+
+        def shapes(y):
+            f, scale, aux = value_fn(y)
+            return self._direction(problem, Trial(y, f, scale, aux), args, False)[2]
+
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(shapes, y))
+
+    def propose(self, problem, point, args, state, unrolled):
+        return self._direction(problem, point, args, unrolled)
+
+    def postprocess(self, problem, y, args, state, result):
+        done = result == RESULTS.successful
+        value = jnp.where(done, y + state.direction, y)
+        stats = {"value": state.point.f, "backtracks": state.backtracks}
+        if problem.kind == "minimise":
+            factor, cache = state.memory
+        else:
+            factor, cache = state.memory, None
+        return value, state.size, stats, {"factor": factor, "cache": cache, "point": state.point}
+
+
+def root_find(
+    fn: Callable[[State, Any], State],
+    y0: State,
+    args: Any = None,
+    *,
+    solver: AbstractIterativeSolver | None = None,
+    adjoint: AbstractAdjoint | None = None,
+    max_steps: int = 50,
+    throw: bool = True,
+) -> Solution:
+    r"""Solve $F(y^*, \text{args}) = 0$, differentiably to any order.
+
+    $$F(y^*) = 0,\qquad \dot y^* = -\left(\partial_y F\right)^{-1}\partial_{\text{args}}F\;
+    \dot{\text{args}}$$
+
+    By default [`Newton`][energyattn.Newton] with a line search on
+    $\tfrac12\lVert F\rVert^2$, and implicit derivatives that reuse Newton's last LU factor.
+    `y0` may be any pytree of floating-point arrays; `fn` returns the same structure.
+
+    **Arguments:**
+
+    - `fn`: the residual, `fn(y, args)`.
+    - `y0`: the initial guess (gets no derivative, except through `UnrolledAdjoint`).
+    - `args`: passed to `fn` unchanged.
+    - `solver`: [`Newton`][energyattn.Newton] (default).
+    - `adjoint`: [`ImplicitAdjoint`][energyattn.ImplicitAdjoint] (default) or
+      [`UnrolledAdjoint`][energyattn.UnrolledAdjoint].
+    - `max_steps`: the most Newton steps.
+    - `throw`: raise (at run time) unless the solve succeeded.
+
+    **Returns:**
+
+    A [`Solution`][energyattn.Solution]: `value` the root, `residual` the rms size of the
+    last Newton step, `num_steps` the Newton steps, `stats["value"]` the merit
+    $\tfrac12\lVert F\rVert^2$ at the last iterate and `stats["backtracks"]` the step
+    halvings.
+
+    **Example:**
+
+    ```python
+    def cubic(y, theta):  # y^3 + theta y - 1 = 0, one real root for theta > 0
+        return y**3 + theta * y - 1
+
+    root = ea.root_find(cubic, jnp.ones(3), jnp.array([0.5, 1.0, 2.0])).value
+    ```
+    """
+    return solve_problem(
+        "root",
+        fn,
+        y0,
+        args,
+        solver=Newton() if solver is None else solver,
+        adjoint=adjoint,
+        max_steps=max_steps,
+        throw=throw,
+        entry="ea.root_find",
+        y0_name="y0",
+    )
