@@ -5,6 +5,8 @@
 """
 
 import os
+import subprocess
+import sys
 
 # Before JAX starts: the CPU backend offers 8 devices, so the multi-device tests
 # (tests/test_parallel.py) run anywhere. CI exports the same flag; keep any other XLA flags.
@@ -12,6 +14,27 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+
+# Compile fast. The suite's programs are small and each runs a few times, so most of its time
+# was XLA compiling them: LLVM at -O0 and XLA's classic loop emitters (instead of the newer MLIR
+# fusion emitters) take the suite from about 6.5 to 2.5 minutes on 2 cores, and no test's run
+# time grows. The two go together (at -O0 alone the fusion emitters round one solver sum in
+# tests/test_spin.py differently from the same sum compiled on its own, which that test checks
+# bit for bit). Set in os.environ, so the subprocesses the tests start (CLI commands, the
+# float32 checks) inherit them. Added only where the user has not set these flags, and only if
+# this jaxlib knows them (an unknown XLA flag aborts the process), which one short subprocess
+# checks; xdist workers inherit the result from the controller's environment.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+_flags = os.environ.get("XLA_FLAGS", "")
+if not any(flag.split("=")[0] in _flags for flag in FAST_COMPILE_FLAGS):
+    _fast = f"{_flags} {' '.join(FAST_COMPILE_FLAGS)}".strip()
+    _probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices('cpu')"],
+        env=dict(os.environ, XLA_FLAGS=_fast, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+    )
+    if _probe.returncode == 0:
+        os.environ["XLA_FLAGS"] = _fast
 
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
