@@ -18,30 +18,32 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 # Compile fast. The suite's programs are small and most run a few times, so most of its time
 # was XLA compiling them. Tests compile with LLVM at -O0 (JAX's jax_disable_most_optimizations)
-# and XLA's classic CPU loop emitters instead of the newer MLIR fusion emitters: the suite
-# takes about 2.5 minutes on 2 cores instead of 6.5. Tests whose programs run long (training
-# loops) are marked `optimised_xla` and compile at -O1, which runs them as fast as the default
-# -O3 and compiles faster. The emitter flag goes with -O0: at -O0 the fusion emitters round one
-# solver sum in tests/test_spin.py differently from the same sum compiled on its own, which
-# that test checks bit for bit.
+# and XLA's classic CPU loop emitters instead of the newer MLIR fusion emitters: the suite takes
+# about 2.5 minutes on 2 cores instead of 6.5. Tests whose programs run long (training loops)
+# are marked `optimised_xla` and compile at -O1 (see below), which runs them as fast as the
+# default -O3 and compiles faster. The emitter flag goes with -O0: at -O0 the fusion emitters
+# round one solver sum in tests/test_spin.py differently from the same sum compiled on its own,
+# which that test checks bit for bit.
 # Both are set in os.environ, so the subprocesses the tests start (CLI commands, the float32
 # checks) inherit them, and so do the xdist workers from the controller. Nothing is added where
-# the user set any of these, or if this jaxlib does not know the flags (an unknown XLA flag
-# aborts the process), which one short subprocess checks.
+# the user set any of these, or if this JAX does not know them (an unknown XLA flag aborts the
+# process), which one short subprocess checks.
 FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
+_NO_OPT = "jax_disable_most_optimizations"
 _flags = os.environ.get("XLA_FLAGS", "")
-if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in os.environ and not any(
+if _NO_OPT.upper() not in os.environ and not any(
     flag.split("=")[0] in _flags for flag in FAST_COMPILE_FLAGS
 ):
     _fast = f"{_flags} {' '.join(FAST_COMPILE_FLAGS)}".strip()
-    _probe = subprocess.run(
-        [sys.executable, "-c", "import jax; jax.devices('cpu')"],
+    _probe = f"import jax; jax.config.update('{_NO_OPT}', True); jax.devices('cpu')"
+    _known = subprocess.run(
+        [sys.executable, "-c", _probe],
         env=dict(os.environ, XLA_FLAGS=_fast, JAX_PLATFORMS="cpu"),
         capture_output=True,
     )
-    if _probe.returncode == 0:
+    if _known.returncode == 0:
         os.environ["XLA_FLAGS"] = _fast
-        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+        os.environ[_NO_OPT.upper()] = "1"
 
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
@@ -75,15 +77,14 @@ def pytest_collection_modifyitems(items):
 @contextlib.contextmanager
 def _optimised_xla(item):
     """Around a marked test's phase, JAX's `disable_most_optimizations` is off."""
-    if item.get_closest_marker("optimised_xla") is None:
+    if item.get_closest_marker("optimised_xla") is None or not jax.config.values.get(_NO_OPT):
         yield
         return
-    previous = jax.config.values["jax_disable_most_optimizations"]
-    jax.config.update("jax_disable_most_optimizations", False)
+    jax.config.update(_NO_OPT, False)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", previous)
+        jax.config.update(_NO_OPT, True)
 
 
 # The setup phase too: a module-scoped fixture that trains is built in its first test's setup.
