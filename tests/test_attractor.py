@@ -331,6 +331,7 @@ def trained_attractor():
     return model, result, curves
 
 
+@pytest.mark.optimised_xla  # the fixture trains for 300 steps
 def test_training_keeps_the_constraints_and_lowers_the_energy(trained_attractor):
     initial, result, _ = trained_attractor
     couplings = result.model.attention.couplings
@@ -344,6 +345,7 @@ def test_training_keeps_the_constraints_and_lowers_the_energy(trained_attractor)
     assert losses[-50:].mean() < losses[:10].mean() - 1.0
 
 
+@pytest.mark.optimised_xla  # the fixture trains for 300 steps
 def test_transient_memories_on_held_out_digits(trained_attractor):
     # Masked prediction: the error is lowest at an intermediate iteration (after the corrupted
     # input at t = 0, before the end at t = 20) and rises afterwards towards the global
