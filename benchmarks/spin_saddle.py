@@ -11,10 +11,15 @@ in the same run? Cases, each at N spins, D = 128, beta = 1, couplings at the see
   a gradient, through the implicit t*);
 
 each from the default (cold) start and warm-started from the t* of a nearby input
-(H + 0.01 * noise, as in consecutive training steps). Targets (issue 4): at N = 1024,
-log Z value+grad <= 40x a Cholesky cold and <= 15x warm.
+(H + 0.01 * noise, as in consecutive training steps). Each case runs twice in the same
+process, interleaved: with this checkout (`after`) and with the package as it was before the
+solver engine (`before`, commit 87ff9c9, extracted from git by `_baseline.py`). Target
+(issue 17): at N = 1024 in float64, log Z value+grad <= 15x a Cholesky warm.
 
-    python benchmarks/spin_saddle.py [--quick] [--sizes 64 256] [--dtypes float32]
+`--count` also prints the large linear algebra each program compiles to (`_flops.py`: from
+the optimised HLO, in units of one N x N Cholesky, outside loops and per pass of each loop).
+
+    python benchmarks/spin_saddle.py [--quick] [--sizes 64 256] [--dtypes float32] [--count]
 """
 
 import argparse
@@ -26,6 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _baseline  # noqa: E402
+import _flops  # noqa: E402
 from _common import interleaved, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
@@ -44,20 +51,9 @@ def problem(num_spins: int, dim: int, dtype: str, coupling: float, seed: int = 0
     return (jnp.asarray(a, dtype) for a in (J_raw, H, H_near))
 
 
-def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str) -> list[dict]:
-    sp = ea.spin
-    J_raw, H, H_near = problem(num_spins, DIM, dtype, coupling)
-    J = sp.symmetric_couplings(J_raw)
-    solve = jax.jit(lambda J, H, t0: sp.saddle_point(J, H, BETA, t0))
-    cold = solve(J, H, None)
-    t0 = solve(J, H_near, None).value  # the warm start: t* of a nearby input
-    warm = solve(J, H, t0)
-    V = jnp.diag(cold.value) - J  # a positive definite N x N matrix of the problem's own scale
-
-    # Every case is a function of the same arrays; the couplings are built from J_raw inside
-    # (an O(N^2) symmetrisation), as a layer would.
-    def cholesky(V, J_raw, H, t0):
-        return jnp.linalg.cholesky(V)
+def cases(package) -> dict:
+    """The benchmarked functions of `package` (this checkout, or the baseline)."""
+    sp = package.spin
 
     def solve_cold(V, J_raw, H, t0):
         return sp.saddle_point(sp.symmetric_couplings(J_raw), H, BETA).value
@@ -83,8 +79,7 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str) ->
     def train_step_warm(V, J_raw, H, t0):
         return jax.grad(train_loss)(J_raw, H, t0)
 
-    fns = {
-        "cholesky": cholesky,
+    return {
         "solve_cold": solve_cold,
         "solve_warm": solve_warm,
         "logz_value_grad_cold": logz_value_grad_cold,
@@ -92,35 +87,69 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str) ->
         "train_step_cold": train_step_cold,
         "train_step_warm": train_step_warm,
     }
+
+
+def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, count: bool):
+    sp = ea.spin
+    before = _baseline.load()
+    J_raw, H, H_near = problem(num_spins, DIM, dtype, coupling)
+    J = sp.symmetric_couplings(J_raw)
+    solve = jax.jit(lambda J, H, t0: sp.saddle_point(J, H, BETA, t0))
+    cold = solve(J, H, None)
+    t0 = solve(J, H_near, None).value  # the warm start: t* of a nearby input
+    warm = solve(J, H, t0)
+    solve_before = jax.jit(lambda J, H, t0: before.spin.saddle_point(J, H, BETA, t0))
+    steps_before = {"cold": solve_before(J, H, None), "warm": solve_before(J, H, t0)}
+    V = jnp.diag(cold.value) - J  # a positive definite N x N matrix of the problem's own scale
+
+    # Every case is a function of the same arrays; the couplings are built from J_raw inside
+    # (an O(N^2) symmetrisation), as a layer would.
+    def cholesky(V, J_raw, H, t0):
+        return jnp.linalg.cholesky(V)
+
+    fns = {"cholesky": cholesky}
+    for version, package in (("after", ea), ("before", before)):
+        fns.update({f"{version}:{name}": fn for name, fn in cases(package).items()})
     times = interleaved(fns, V, J_raw, H, t0, repeats=repeats)
     base = times["cholesky"]["median_s"]
-    steps = {"cold": cold, "warm": warm}
+    steps = {"after": {"cold": cold, "warm": warm}, "before": steps_before}
+    unit = num_spins**3 / 3
     rows = []
     for name, timing in times.items():
         if name == "cholesky":
             continue
-        case, start = name.rsplit("_", 1)
-        solution = steps[start]
-        rows.append(
-            {
-                "benchmark": "spin_saddle",
-                "case": case,
-                "start": start,
-                "num_spins": num_spins,
-                "dim": DIM,
-                "dtype": dtype,
-                "coupling_scale": coupling,
-                "median_s": timing["median_s"],
-                "cholesky_median_s": base,
-                "ratio_to_cholesky": timing["median_s"] / base,
-                "compile_s": timing["compile_s"],
-                "newton_steps": int(solution.num_steps),
-                "backtracks": int(solution.stats["backtracks"]),
-                "newton_decrement": float(solution.residual),
-                "repeats": repeats,
-                "note": note,
+        version, case_start = name.split(":")
+        case, start = case_start.rsplit("_", 1)
+        solution = steps[version][start]
+        row = {
+            "benchmark": "spin_saddle",
+            "version": version,
+            "case": case,
+            "start": start,
+            "num_spins": num_spins,
+            "dim": DIM,
+            "dtype": dtype,
+            "coupling_scale": coupling,
+            "median_s": timing["median_s"],
+            "cholesky_median_s": base,
+            "ratio_to_cholesky": timing["median_s"] / base,
+            "ratio_to_before": timing["median_s"] / times[f"before:{case_start}"]["median_s"],
+            "compile_s": timing["compile_s"],
+            "newton_steps": int(solution.num_steps),
+            "backtracks": int(solution.stats["backtracks"]),
+            "repeats": repeats,
+            "note": note,
+        }
+        if count:
+            text = jax.jit(fns[name]).lower(V, J_raw, H, t0).compile().as_text()
+            ops = _flops.count(text, min_flops=0.01 * unit)
+            row["cholesky_units_outside_loops"] = _flops.in_units(ops.outside, unit)
+            row["cholesky_units_per_loop_pass"] = [_flops.in_units(loop, unit) for loop in ops.loops]
+            row["operations"] = {
+                "outside": _flops.describe(ops.outside, unit),
+                "loops": [_flops.describe(loop, unit) for loop in ops.loops],
             }
-        )
+        rows.append(row)
     return rows
 
 
@@ -138,6 +167,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--repeats", type=int, help="timed repeats per case (median reported)")
     parser.add_argument("--note", default="", help="free text stored with each row")
+    parser.add_argument(
+        "--count", action="store_true", help="also count each program's large linear algebra"
+    )
     args = parser.parse_args(argv)
     sizes = args.sizes or ([64, 256] if args.quick else [64, 256, 512, 1024])
     dtypes = args.dtypes or (["float32"] if args.quick else ["float32", "float64"])
@@ -147,7 +179,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for coupling in couplings:
         for dtype in dtypes:
             for num_spins in sizes:
-                new = run(num_spins, dtype, coupling, repeats, args.note)
+                new = run(num_spins, dtype, coupling, repeats, args.note, args.count)
                 rows.extend(new)
                 for row in new:
                     report(row)
@@ -158,12 +190,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def report(row: dict) -> None:
     print(
-        f"{row['dtype']} x{row['coupling_scale']:g} N={row['num_spins']:5d} {row['case']:16s} "
-        f"{row['start']:4s} {row['median_s'] * 1e3:9.3f} ms = {row['ratio_to_cholesky']:6.1f} x "
-        f"Cholesky ({row['cholesky_median_s'] * 1e3:.3f} ms)  steps {row['newton_steps']}  "
+        f"{row['dtype']} x{row['coupling_scale']:g} N={row['num_spins']:5d} {row['version']:6s} "
+        f"{row['case']:16s} {row['start']:4s} {row['median_s'] * 1e3:9.3f} ms = "
+        f"{row['ratio_to_cholesky']:6.1f} x Cholesky ({row['cholesky_median_s'] * 1e3:.3f} ms), "
+        f"{row['ratio_to_before']:5.2f} x before  steps {row['newton_steps']}  "
         f"compile {row['compile_s']:.2f}s",
         flush=True,
     )
+    if "operations" in row:
+        print(f"    outside loops: {row['operations']['outside']}")
+        for i, loop in enumerate(row["operations"]["loops"]):
+            print(f"    loop {i}, per pass: {loop}")
 
 
 if __name__ == "__main__":

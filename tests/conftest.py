@@ -63,17 +63,6 @@ def pytest_configure(config):
     )
 
 
-# Tests that train for long in files this suite-speed work does not edit (the solver rewrite
-# owns them); their owners may move the marker into the files.
-OPTIMISED_XLA_TESTS = ("tests/test_classifier.py::test_short_training_learns_digits",)
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.nodeid in OPTIMISED_XLA_TESTS:
-            item.add_marker(pytest.mark.optimised_xla)
-
-
 @contextlib.contextmanager
 def _optimised_xla(item):
     """Around a marked test's phase, JAX's `disable_most_optimizations` is off."""

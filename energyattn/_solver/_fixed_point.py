@@ -116,28 +116,28 @@ class Picard(AbstractFixedPointSolver):
 
 
 class _History(NamedTuple):
-    zs: Float[Array, "m n"]  # past iterates
+    zs: Float[Array, "m n"]  # past iterates, newest first
     gs: Float[Array, "m n"]  # their residuals f(z) - z
     gram: Float[Array, "m m"]  # gs @ gs.T, kept up to date one row at a time
     count: Int[Array, ""]
 
 
 def _spd_solve_small(matrix: Float[Array, "m m"], rhs: Float[Array, " m"]) -> Float[Array, " m"]:
-    """$M^{-1}b$ for a small symmetric positive definite $M$ by Gaussian elimination without
-    pivoting, unrolled over the static size: a few dozen elementwise operations that XLA
-    fuses and `vmap` batches, instead of one LAPACK call per example."""
+    """$M^{-1}b$ for a small symmetric positive definite $M$, by Gauss-Jordan elimination
+    without pivoting on $[M \\mid b]$, unrolled over the static size.
+
+    Each step is one elementwise update of the augmented matrix, which XLA compiles to a
+    fused kernel (and `vmap` batches), so the solve costs a handful of kernels per iteration
+    instead of a LAPACK call per example.
+    """
     m = matrix.shape[0]
-    a, b = matrix, rhs
+    augmented = jnp.concatenate([matrix, rhs[:, None]], axis=1)
+    rows = jnp.arange(m)[:, None]
     for k in range(m):
-        pivot = a[k, k]
-        factor = a[:, k] / pivot
-        below = jnp.arange(m) > k
-        a = a - jnp.where(below[:, None], factor[:, None] * a[k][None, :], 0)
-        b = b - jnp.where(below, factor * b[k], 0)
-    x = jnp.zeros_like(b)
-    for k in reversed(range(m)):
-        x = x.at[k].set((b[k] - a[k] @ x) / a[k, k])
-    return x
+        pivot_row = augmented[k] / augmented[k, k]
+        eliminated = augmented - augmented[:, k : k + 1] * pivot_row[None, :]
+        augmented = jnp.where(rows == k, pivot_row[None, :], eliminated)
+    return augmented[:, m]
 
 
 class Anderson(AbstractFixedPointSolver):
@@ -193,21 +193,30 @@ class Anderson(AbstractFixedPointSolver):
 
     def propose(self, memory, z, fz):
         m = self.history
-        slot = memory.count % m
         g = fz - z
-        zs = memory.zs.at[slot].set(z)
-        gs = memory.gs.at[slot].set(g)
+        # Newest first. Everything reads the old history once (inner products, mixing) and
+        # shifts it by static slices (a scatter at a traced slot is slow under vmap).
+        old_zs, old_gs = memory.zs[:-1], memory.gs[:-1]
         count = memory.count + 1
-        valid = jnp.arange(m) < count
-        # The new residual's inner products replace one row and column of the Gram matrix.
-        inner = jnp.where(valid, gs @ g, 0)
-        gram = memory.gram.at[slot, :].set(inner).at[:, slot].set(inner)
+        index = jnp.arange(m)
+        valid = index < count
+        # The new residual's inner products are the new first row and column of the Gram
+        # matrix; the rest is the old one, shifted.
+        inner = jnp.where(valid, jnp.concatenate([jnp.dot(g, g)[None], old_gs @ g]), 0)
+        shifted = jnp.pad(memory.gram[:-1, :-1], ((1, 0), (1, 0)))
+        first_row, first_column = index[:, None] == 0, index[None, :] == 0
+        gram = jnp.where(
+            first_row, inner[None, :], jnp.where(first_column, inner[:, None], shifted)
+        )
         used = jnp.minimum(count, m).astype(z.dtype)
         ridge = jnp.maximum(self.ridge * jnp.trace(gram) / used, jnp.finfo(z.dtype).tiny)
         # Unused slots have zero rows and columns, so their equation reads ridge * w_i = 0.
         weights = _spd_solve_small(gram + ridge * jnp.eye(m, dtype=z.dtype), valid.astype(z.dtype))
         alpha = weights / jnp.sum(weights)
-        z_next = alpha @ zs + self.mixing * (alpha @ gs)
+        mixed_old = alpha[1:] @ (old_zs + self.mixing * old_gs)
+        z_next = alpha[0] * (z + self.mixing * g) + mixed_old
+        zs = jnp.concatenate([z[None], old_zs])
+        gs = jnp.concatenate([g[None], old_gs])
         return z_next, _History(zs, gs, gram, count)
 
 
