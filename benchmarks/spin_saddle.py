@@ -144,7 +144,9 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, co
             text = jax.jit(fns[name]).lower(V, J_raw, H, t0).compile().as_text()
             ops = _flops.count(text, min_flops=0.01 * unit)
             row["cholesky_units_outside_loops"] = _flops.in_units(ops.outside, unit)
-            row["cholesky_units_per_loop_pass"] = [_flops.in_units(loop, unit) for loop in ops.loops]
+            row["cholesky_units_per_loop_pass"] = [
+                _flops.in_units(loop, unit) for loop in ops.loops
+            ]
             row["operations"] = {
                 "outside": _flops.describe(ops.outside, unit),
                 "loops": [_flops.describe(loop, unit) for loop in ops.loops],

@@ -200,9 +200,12 @@ def iterate(
     max_steps: int,
     *,
     unrolled: bool = False,
+    start: Any = None,
 ) -> tuple[Solution, dict[str, Any]]:
     """Run `solver` on `problem` from `y0`: THE loop. Returns the solution (no runtime check
-    yet: the caller decides whether to raise) and the solver's `extras`."""
+    yet: the caller decides whether to raise) and the solver's `extras`. `start`: what the
+    objective's `value` returned at `y0`, when the caller already evaluated it (line-search
+    solvers then skip that evaluation)."""
 
     def body(carry):
         y, state, k, _, _ = carry
@@ -216,7 +219,10 @@ def iterate(
         return y, state, k, result, running
 
     zero, running = jnp.zeros((), jnp.int32), jnp.ones((), bool)
-    init = (y0, solver.init(problem, y0, args), zero, ok_result(), running)
+    state = (
+        solver.init(problem, y0, args) if start is None else solver.init(problem, y0, args, start)
+    )
+    init = (y0, state, zero, ok_result(), running)
     passes = max_steps + int(solver.start_pass)
     y, state, k, result, _ = bounded_while(lambda c: c[-1], body, init, passes, unrolled)
     value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)

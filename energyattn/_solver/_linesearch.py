@@ -58,6 +58,7 @@ def backtrack(
     max_backtracks: int,
     armijo: float,
     unrolled: bool,
+    skip: Bool[Array, ""] | None = None,
 ) -> Search:
     """Search along `direction` from `start` (whose `f` may be $+\\infty$: then the first
     finite trial is accepted, which is how a solver evaluates its starting point).
@@ -65,6 +66,7 @@ def backtrack(
     `slope` is the directional derivative $\\nabla f^\\top d < 0$. A value of $-\\infty$ is
     accepted (the caller reports an unbounded objective). Returns whether a trial was
     accepted, whether any trial was NaN or feasible, the number of trials, and the last one.
+    With `skip` true, `start` is taken as it is (already evaluated) without any trial.
     """
     eps = float(jnp.finfo(start.y.dtype).eps)
 
@@ -90,7 +92,14 @@ def backtrack(
 
     false = jnp.zeros((), bool)
     one = jnp.ones((), start.y.dtype)
-    init = (jnp.zeros((), jnp.int32), one, false, false, false, placeholder(value_fn, start.y))
+    first = placeholder(value_fn, start.y)
+    if skip is None:
+        skip = false
+    else:
+        # Only a finite start is taken as it is; anything else is evaluated (and fails) anew.
+        skip = skip & jnp.isfinite(start.f)
+        first = tree_where(skip, start, first)
+    init = (jnp.zeros((), jnp.int32), one, skip, false, skip, first)
     k, _, accepted, saw_nan, saw_feasible, trial = bounded_while(
         cond, body, init, max_backtracks + 1, unrolled
     )
@@ -108,6 +117,7 @@ class LineSearchState(NamedTuple):
     size: Float[Array, ""]  # rms of the proposed step (the stopping measure)
     memory: Any  # the solver's own (L-BFGS pairs, Newton's factor and cache)
     started: Bool[Array, ""]
+    evaluated: Bool[Array, ""]  # `point` was evaluated before the first pass (no search then)
     start_value: Float[Array, ""]  # f(y0), for the unbounded test
     positive: Bool[Array, ""]  # curvature positive at the current iterate (minimise)
     backtracks: Int[Array, ""]
@@ -152,13 +162,14 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
 
         return half_square
 
-    def init(self, problem, y, args):
+    def init(self, problem, y, args, start: Trial | None = None):
+        """The state before the first pass; `start`: `y` already evaluated (the objective's
+        `value` there), which the first pass then takes without evaluating it again."""
         value_fn = self.merit(problem, args)
-        point = placeholder(value_fn, y)
-        inf = jnp.full((), jnp.inf, y.dtype)
-        point = point._replace(y=y, f=inf)
         zero = jnp.zeros((), y.dtype)
+        inf = jnp.full((), jnp.inf, y.dtype)
         false = jnp.zeros((), bool)
+        point = placeholder(value_fn, y)._replace(y=y, f=inf) if start is None else start
         return LineSearchState(
             point=point,
             direction=jnp.zeros_like(y),
@@ -166,6 +177,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             size=inf,
             memory=self.init_memory(problem, y, args),
             started=false,
+            evaluated=jnp.asarray(start is not None),
             start_value=inf,
             positive=false,
             backtracks=jnp.zeros((), jnp.int32),
@@ -182,6 +194,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             max_backtracks=self.max_backtracks,
             armijo=self.armijo,
             unrolled=unrolled,
+            skip=~state.started & state.evaluated,
         )
         point = tree_where(search.accepted, search.trial, state.point)
         direction, slope, memory, positive = self.propose(problem, point, args, state, unrolled)
@@ -228,6 +241,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             size=size,
             memory=memory,
             started=jnp.ones((), bool),
+            evaluated=state.evaluated,
             start_value=start_value,
             positive=positive,
             backtracks=state.backtracks + jnp.where(state.started, search.tries - 1, 0),

@@ -6,7 +6,7 @@ analytic Hessian. The objective below hands Newton everything through one Choles
 of $V$ per trial point: $\varphi$ from the factor, then $A = V^{-1}$, $X = AH$ and
 $P = XX^\top$, from which the gradient and Hessian are sums and products. Derivatives of
 $t^*$ come from the engine's [`ImplicitAdjoint`][energyattn.ImplicitAdjoint], whose solve
-reuses Newton's last Cholesky factor of the Hessian.
+uses the Cholesky factor of the Hessian at $t^*$ (Newton's, or made once when needed).
 
 $\log Z = -\frac N2 (1 + \ln 2\beta) + \varphi(t^*)$ has a `custom_jvp` of its own, the
 envelope theorem: at the stationary point $\frac{d}{d\theta}\varphi(t^*(\theta), \theta) =
@@ -16,8 +16,10 @@ Those three come from Newton's last iterate (no new factorisation), through a se
 differentiable again, so second derivatives (training on the magnetizations) are exact.
 
 Per call, in $N\times N$ factorisation-sized operations: each Newton pass factorises $V$,
-inverts the factor, forms $A$, $X$, $P$ and factorises the Hessian; $\log Z$, its gradient
-and the magnetizations add no such operation (see `benchmarks/README.md` for the count).
+inverts the factor, forms $A$, $X$, $P$ and factorises the Hessian, except the last, which
+tests convergence with the previous Hessian factor (`chord_check`); $\log Z$ and its
+gradient add no such operation, derivatives through $t^*$ (the magnetizations' gradients)
+one factorisation of the Hessian at $t^*$ (see `benchmarks/README.md` for the count).
 """
 
 from collections.abc import Callable
@@ -46,6 +48,7 @@ from .._energy._spin import (
 )
 from .._solver._adjoint import implicit_value
 from .._solver._iterate import AbstractObjective, Problem, bounded_while, iterate, no_grad
+from .._solver._linesearch import Trial
 from .._solver._root_find import Newton
 from .._solver._solution import RESULTS, Solution
 
@@ -112,32 +115,37 @@ def _feasible_start(
     H: Float[Array, "spins dim"],
     beta: Float[Array, ""],
     scalar: bool,
-) -> Float[Array, " n"]:
+) -> Trial:
     """The first of $t_0 + a(b - t_0)$, $a = 0, 2^{-6}, 2^{-5}, \\dots, 1$ ($t_0$ the
     uncoupled start, $b$ the fallback) where $V \\succ 0$: close to $t_0$ when a small shift
-    suffices, never worse than $b$ (for which it always holds)."""
+    suffices, never worse than $b$ (for which it always holds). Returned with $\\varphi$
+    evaluated there, which Newton takes as its first iterate without evaluating it again."""
     start, fallback = _starts(J, H, beta, scalar)
+    args = (J, H, beta)
+
+    def evaluate(tp):
+        return Trial(tp, *_PROBLEM.objective.value(tp, args))
 
     def cond(carry):
-        k, _, ok = carry
-        return ~ok & (k <= _START_DOUBLINGS + 1)
+        k, trial = carry
+        return ~jnp.isfinite(trial.f) & (k <= _START_DOUBLINGS)
 
     def body(carry):
-        k, _, _ = carry
-        shift = jnp.where(k == 0, 0.0, 2.0 ** (k - 1 - _START_DOUBLINGS)).astype(start.dtype)
-        tp = start + shift * (fallback - start)
-        return k + 1, tp, factor(tp, J, H).ok
+        k, _ = carry
+        shift = 2.0 ** (k.astype(start.dtype) - _START_DOUBLINGS)
+        return k + 1, evaluate(start + shift * (fallback - start))
 
-    init = (jnp.zeros((), jnp.int32), start, jnp.zeros((), bool))
-    _, tp, _ = bounded_while(cond, body, init, _START_DOUBLINGS + 2, False)
-    return tp
+    _, trial = bounded_while(
+        cond, body, (jnp.zeros((), jnp.int32), evaluate(start)), _START_DOUBLINGS + 1, False
+    )
+    return trial
 
 
 class _Saddle(eqx.Module):
     """A solve, without derivatives, and what Newton's last iterate leaves for reuse."""
 
     solution: Solution  # value = t* (no derivatives yet; see `_attach`)
-    factor: Float[Array, "n n"]  # Cholesky factor of the Hessian there
+    factor: Float[Array, "n n"] | None  # Cholesky factor of the Hessian there, if Newton left it
     parts: Parts  # A, X, P there
     phi: Float[Array, ""]  # phi there
 
@@ -156,10 +164,13 @@ def default_solver(dtype: Any) -> Newton:
 
     Tighter than Newton's own default (`eps ** 0.6`) because $\\log Z$, its gradient and the
     magnetizations are read off the last iterate Newton evaluated (no new factorisation),
-    whose error is the last step's size, not its square.
+    whose error is the last step's size, not its square. With `chord_check`: the last pass
+    tests convergence with the previous Hessian factor, and the Hessian at $t^*$ is
+    factorised only if derivatives through $t^*$ are taken (not for $\\log Z$ and its
+    gradient, which the envelope theorem gives).
     """
     tol = float(jnp.finfo(dtype).eps) ** 0.75
-    return Newton(rtol=tol, atol=tol)
+    return Newton(rtol=tol, atol=tol, chord_check=True)
 
 
 def _system(
@@ -195,9 +206,11 @@ def _saddle(
             tp0 = check_finite("t0", tp0)
     J, H, beta = no_grad((J, H, beta))
     solver = default_solver(H.dtype) if solver is None else solver
+    start = None
     if tp0 is None:
-        tp0 = _feasible_start(J, H, beta, mode == "scalar")
-    solution, extras = iterate(solver, _PROBLEM, tp0, (J, H, beta), max_steps)
+        start = _feasible_start(J, H, beta, mode == "scalar")
+        tp0 = start.y
+    solution, extras = iterate(solver, _PROBLEM, tp0, (J, H, beta), max_steps, start=start)
     # t* is the last iterate Newton evaluated, not that plus its last (tiny) step: the
     # cached A, X, P, phi and the Hessian's factor are then exact at the t* returned.
     last = extras["point"]
@@ -227,8 +240,13 @@ def _saddle(
 
 def _attach(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Array:
     """$t^*$ as a differentiable function of `J`, `H`, `beta` (implicit function theorem,
-    solving with Newton's last Cholesky factor of the Hessian)."""
-    return implicit_value(saddle.solution.value, _PROBLEM, (J, H, beta), saddle.factor, throw=throw)
+    solving with Newton's last Cholesky factor of the Hessian, or one made here at $t^*$ when
+    Newton's last pass reused an older one: XLA drops it when no derivative needs it)."""
+    tp, factor = saddle.solution.value, saddle.factor
+    if factor is None:
+        parts = saddle.parts
+        factor = jnp.linalg.cholesky(grad_hess_from(tp, parts.A, parts.P, no_grad(beta))[1])
+    return implicit_value(tp, _PROBLEM, (J, H, beta), factor, throw=throw)
 
 
 def _public(solution: Solution, mode: Mode) -> Solution:
@@ -336,10 +354,10 @@ def saddle_point(
     itself be feasible.
 
     The returned value is differentiable with respect to `J`, `H` and `beta` by the implicit
-    function theorem ([`ImplicitAdjoint`][energyattn.ImplicitAdjoint], reusing Newton's last
-    Cholesky factor of the Hessian), to any order, in forward and reverse mode; `t0` gets no
-    gradient. Under `vmap` every
-    example stops on its own, and its result does not depend on the rest of the batch.
+    function theorem ([`ImplicitAdjoint`][energyattn.ImplicitAdjoint], solving with the
+    Cholesky factor of the Hessian at $t^*$), to any order, in forward and reverse mode; `t0`
+    gets no gradient. Under `vmap` every example stops on its own, and its result does not
+    depend on the rest of the batch.
 
     **Arguments:**
 
@@ -349,8 +367,9 @@ def saddle_point(
     - `t0`: optional warm start: shape `(spins,)`, or `()` in scalar mode.
     - `mode`: `"vector"` (default; one $t_i$ per spin) or `"scalar"` (one shared $t$).
     - `solver`: an [`ea.Newton`][energyattn.Newton] carrying the tolerances and the most
-      step halvings per line search (default: `ea.Newton(rtol=tol, atol=tol)` with
-      `tol = eps ** 0.75`, 1.8e-12 in float64 and 6.4e-6 in float32).
+      step halvings per line search (default:
+      `ea.Newton(rtol=tol, atol=tol, chord_check=True)` with `tol = eps ** 0.75`, 1.8e-12
+      in float64 and 6.4e-6 in float32).
     - `max_steps`: the most Newton steps (default 50; convergence typically takes 2 to 5).
     - `throw`: raise (at run time) when the solve fails (default). With `throw=False` the
       failure is reported in `result` instead: `RESULTS.infeasible` when $V$ cannot be made
