@@ -93,7 +93,8 @@ def factor(
     """
     n = J.shape[0]
     V = jnp.diag(expand(tp, n)) - J
-    L = jnp.linalg.cholesky(V)
+    # J is symmetric (checked by the callers); LAPACK reads one triangle.
+    L = jax.lax.linalg.cholesky(V, symmetrize_input=False)
     diag = jnp.diagonal(L)
     ok = jnp.all(jnp.isfinite(diag) & (diag > 0))
     L = jnp.where(ok, L, jnp.eye(n, dtype=L.dtype))

@@ -36,7 +36,8 @@ def shifted_cholesky(
     eye = jnp.eye(n, dtype=hessian.dtype)
 
     def factor(tau):
-        lower = jnp.linalg.cholesky(hessian + tau * eye)
+        # Symmetric by construction; LAPACK reads one triangle (no symmetrising pass).
+        lower = jax.lax.linalg.cholesky(hessian + tau * eye, symmetrize_input=False)
         return lower, jnp.all(jnp.isfinite(jnp.diagonal(lower)))
 
     lower, positive = factor(jnp.zeros((), hessian.dtype))
