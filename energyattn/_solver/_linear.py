@@ -63,25 +63,35 @@ class AbstractLinearSolver(eqx.Module):
 
 
 def _factored_solve(
-    matvec: MatVec,
-    b: Flat,
-    symmetric: bool,
-    apply: Callable,
-    apply_t: Callable,
-    name: str,
-    throw: bool,
+    matvec: MatVec, b: Flat, apply: Callable, apply_t: Callable | None, name: str, throw: bool
 ) -> Flat:
-    def solve(_, rhs):
-        x = apply(rhs)
-        return _checked(x, jnp.all(jnp.isfinite(x)), name, " (the matrix is singular)", throw)
+    """Solve with a factorisation: `apply` is $A^{-1}$, `apply_t` is $A^{-\\top}$ (`None`
+    for a symmetric $A$)."""
 
-    def transpose_solve(_, rhs):
-        x = apply_t(rhs)
-        return _checked(x, jnp.all(jnp.isfinite(x)), name, " (the matrix is singular)", throw)
+    def checked(apply):
+        def solve(_, rhs):
+            x = apply(rhs)
+            ok = jnp.all(jnp.isfinite(x))
+            return _checked(x, ok, name, " (the matrix is singular)", throw)
 
+        return solve
+
+    symmetric = apply_t is None
+    transpose_solve = None if symmetric else checked(apply_t)
     return jax.lax.custom_linear_solve(
-        matvec, b, solve, None if symmetric else transpose_solve, symmetric=symmetric
+        matvec, b, checked(apply), transpose_solve, symmetric=symmetric
     )
+
+
+def _lu_solve(matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool) -> Flat:
+    apply_t = lambda r: jsl.lu_solve(lu, r, trans=1)  # noqa: E731
+    return _factored_solve(matvec, b, lambda r: jsl.lu_solve(lu, r), apply_t, name, throw)
+
+
+def _cholesky_solve(
+    matvec: MatVec, b: Flat, lower: Float[Array, "n n"], name: str, throw: bool
+) -> Flat:
+    return _factored_solve(matvec, b, lambda r: jsl.cho_solve((lower, True), r), None, name, throw)
 
 
 class LU(AbstractLinearSolver):
@@ -89,16 +99,7 @@ class LU(AbstractLinearSolver):
     it. Exact and robust for small systems; $O(n^3)$."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw):
-        lu = jsl.lu_factor(_dense_matrix(matvec, b))
-        return _factored_solve(
-            matvec,
-            b,
-            symmetric,
-            lambda r: jsl.lu_solve(lu, r),
-            lambda r: jsl.lu_solve(lu, r, trans=1),
-            "ea.LU",
-            throw,
-        )
+        return _lu_solve(matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw)
 
 
 class Cholesky(AbstractLinearSolver):
@@ -108,8 +109,7 @@ class Cholesky(AbstractLinearSolver):
     def solve(self, matvec, b, *, symmetric, factor, throw):
         matrix = _dense_matrix(matvec, b)
         lower = jnp.linalg.cholesky(0.5 * (matrix + matrix.T))
-        apply = lambda r: jsl.cho_solve((lower, True), r)  # noqa: E731
-        return _factored_solve(matvec, b, True, apply, apply, "ea.Cholesky", throw)
+        return _cholesky_solve(matvec, b, lower, "ea.Cholesky", throw)
 
 
 class _Krylov(AbstractLinearSolver):
@@ -199,17 +199,8 @@ class AutoLinearSolver(AbstractLinearSolver):
     def solve(self, matvec, b, *, symmetric, factor, throw):
         if factor is not None:
             if symmetric:
-                apply = lambda r: jsl.cho_solve((factor, True), r)  # noqa: E731
-                return _factored_solve(matvec, b, True, apply, apply, "a Cholesky factor", throw)
-            return _factored_solve(
-                matvec,
-                b,
-                False,
-                lambda r: jsl.lu_solve(factor, r),
-                lambda r: jsl.lu_solve(factor, r, trans=1),
-                "an LU factor",
-                throw,
-            )
+                return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw)
+            return _lu_solve(matvec, b, factor, "an LU factor", throw)
         if b.shape[0] <= DENSE_LIMIT:
             dense = Cholesky() if symmetric else LU()
             return dense.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw)

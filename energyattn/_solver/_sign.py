@@ -13,8 +13,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from .._checks import check_shape, concrete_value, positive_int
 from .._custom_types import Scalar
 from ._descend import collect_history, trajectory_flag
-from ._iterate import check_energy_output
-from ._solution import RESULTS, Solution
+from ._iterate import check_energy_output, ok_result
+from ._solution import Solution
 
 
 def _flip_choice(energy: Callable, s: Array, i: Array, args: Any) -> Array:
@@ -119,7 +119,7 @@ def sign_descend(
     )
     return Solution(
         value=s_final,
-        result=RESULTS.where(True, RESULTS.successful, RESULTS.successful),
+        result=ok_result(),
         num_steps=jnp.full((), num_sweeps, jnp.int32),
         residual=flipped,
         energies=energies,
