@@ -30,6 +30,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
+from .._linalg import upper_cholesky
 from ._base import AbstractEnergy
 
 Mode = Literal["vector", "scalar"]
@@ -75,9 +76,15 @@ def expand(tp: Float[Array, " n"], num_spins: int) -> Float[Array, " spins"]:
 
 
 class Factor(NamedTuple):
-    """$V = LL^\\top$ and $Y = L^{-1}H$ (with $L = I$ where $V$ is not positive definite)."""
+    r"""$V = U^\top U$ ($U = L^\top$, the Cholesky factor transposed) and $Y = U^{-\top}H$
+    (with $U = I$ where $V$ is not positive definite).
 
-    L: Float[Array, "spins spins"]
+    Kept as $U$: LAPACK writes $L$ in column-major order, which is $U$ in XLA's row-major
+    order, so every consumer (the triangular solves, the blocked inverse) reads it without a
+    transposing copy.
+    """
+
+    U: Float[Array, "spins spins"]
     Y: Float[Array, "spins dim"]
     ok: Bool[Array, ""]
 
@@ -85,34 +92,34 @@ class Factor(NamedTuple):
 def factor(
     tp: Float[Array, " n"], J: Float[Array, "spins spins"], H: Float[Array, "spins dim"]
 ) -> Factor:
-    """Cholesky factor of $V = \\mathrm{diag}(t) - J$; `ok` is False where it does not exist.
+    r"""Cholesky factor of $V = \mathrm{diag}(t) - J$; `ok` is False where it does not exist.
 
-    A failed factorisation (JAX fills it with NaN) is the test for $V \\succ 0$: no
+    A failed factorisation (JAX fills it with NaN) is the test for $V \succ 0$: no
     eigenvalues, no determinant of an indefinite matrix. The identity stands in for the
     factor there so that nothing downstream sees NaN; callers mask with `ok`.
     """
     n = J.shape[0]
+    # J is symmetric (checked by the callers), as upper_cholesky requires.
     V = jnp.diag(expand(tp, n)) - J
-    # J is symmetric (checked by the callers); LAPACK reads one triangle.
-    L = jax.lax.linalg.cholesky(V, symmetrize_input=False)
-    diag = jnp.diagonal(L)
+    U = upper_cholesky(V)
+    diag = jnp.diagonal(U)
     ok = jnp.all(jnp.isfinite(diag) & (diag > 0))
-    L = jnp.where(ok, L, jnp.eye(n, dtype=L.dtype))
-    Y = jsl.solve_triangular(L, H, lower=True)
-    return Factor(L, Y, ok)
+    U = jnp.where(ok, U, jnp.eye(n, dtype=U.dtype))
+    Y = jsl.solve_triangular(U.T, H, lower=True)
+    return Factor(U, Y, ok)
 
 
 def phi_terms(tp: Float[Array, " n"], fac: Factor, beta: Float[Array, ""]) -> tuple[Scalar, Scalar]:
     """$\\varphi$ from the factor (valid where `fac.ok`), and the size of its terms.
 
-    $\\log\\det V = 2\\sum_i \\log L_{ii}$ and
-    $\\operatorname{Tr}(H^\\top V^{-1} H) = \\lVert L^{-1}H \\rVert_F^2$. The second value,
+    $\\log\\det V = 2\\sum_i \\log U_{ii}$ and
+    $\\operatorname{Tr}(H^\\top V^{-1} H) = \\lVert U^{-\\top}H \\rVert_F^2$. The second value,
     the sum of the terms' magnitudes, bounds the round-off in the first (the line search's
     slack).
     """
-    n = fac.L.shape[0]
+    n = fac.U.shape[0]
     linear = beta * jnp.sum(expand(tp, n))
-    logdet_half = jnp.sum(jnp.log(jnp.diagonal(fac.L)))
+    logdet_half = jnp.sum(jnp.log(jnp.diagonal(fac.U)))
     quadratic = 0.25 * beta * jnp.sum(jnp.square(fac.Y))
     return linear - logdet_half + quadratic, jnp.abs(linear) + jnp.abs(logdet_half) + quadratic
 
@@ -146,36 +153,43 @@ def grad_hess_from(
 _BLOCK = 128
 
 
-def _triangular_inverse(L: Float[Array, "n n"]) -> Float[Array, "n n"]:
-    """$L^{-1}$ for lower-triangular $L$, by 2 x 2 blocks down to `_BLOCK`.
+def _upper_inverse(U: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    r"""$U^{-1}$ for upper-triangular $U$, by 2 x 2 blocks down to `_BLOCK`.
 
-    $\\begin{pmatrix} P & 0 \\\\ Q & R \\end{pmatrix}^{-1} = \\begin{pmatrix} P^{-1} & 0 \\\\
-    -R^{-1} Q P^{-1} & R^{-1} \\end{pmatrix}$: a third of the flops of a triangular solve
-    against the identity, mostly in matrix products (3-4x faster at N = 1024 on CPU).
+    $\begin{pmatrix} P & Q \\ 0 & R \end{pmatrix}^{-1} = \begin{pmatrix} P^{-1} &
+    -P^{-1} Q R^{-1} \\ 0 & R^{-1} \end{pmatrix}$: a third of the flops of a triangular
+    solve against the identity, mostly in matrix products (3-4x faster at N = 1024 on CPU).
     """
-    n = L.shape[0]
+    n = U.shape[0]
     if n <= _BLOCK:
-        return jsl.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
+        # (L^-1)^T with L = U^T: LAPACK reads U^T in column-major order, U's own bytes.
+        return jsl.solve_triangular(U.T, jnp.eye(n, dtype=U.dtype), lower=True).T
     m = n // 2
-    top, bottom = _triangular_inverse(L[:m, :m]), _triangular_inverse(L[m:, m:])
-    corner = -bottom @ (L[m:, :m] @ top)
-    return jnp.block([[top, jnp.zeros((m, n - m), L.dtype)], [corner, bottom]])
+    top, bottom = _upper_inverse(U[:m, :m]), _upper_inverse(U[m:, m:])
+    corner = -(top @ U[:m, m:]) @ bottom
+    return jnp.block([[top, corner], [jnp.zeros((n - m, m), U.dtype), bottom]])
 
 
-def _lower_gram(M: Float[Array, "n n"]) -> Float[Array, "n n"]:
-    """$M^\\top M$ for lower-triangular $M$, by blocks (skipping the zero half)."""
+def _upper_gram(M: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    r"""$M M^\top$ for upper-triangular $M$, by blocks (skipping the zero half)."""
     n = M.shape[0]
     if n <= _BLOCK:
-        return M.T @ M
+        return M @ M.T
     m = n // 2
-    P, Q, R = M[:m, :m], M[m:, :m], M[m:, m:]
-    off = Q.T @ R
-    return jnp.block([[_lower_gram(P) + Q.T @ Q, off], [off.T, _lower_gram(R)]])
+    P, Q, R = M[:m, :m], M[:m, m:], M[m:, m:]
+    off = Q @ R.T
+    return jnp.block([[_upper_gram(P) + Q @ Q.T, off], [off.T, _upper_gram(R)]])
 
 
-def inverse_from_cholesky(L: Float[Array, "n n"]) -> Float[Array, "n n"]:
-    """$V^{-1} = L^{-\\top} L^{-1}$ from the Cholesky factor $V = LL^\\top$."""
-    return _lower_gram(_triangular_inverse(L))
+def inverse_from_upper(U: Float[Array, "n n"]) -> Float[Array, "n n"]:
+    r"""$V^{-1} = U^{-1} U^{-\top} = M M^\top$ from the Cholesky factor $V = U^\top U$
+    ($U = L^\top$, see `upper_cholesky`), with $M = U^{-1}$ upper triangular.
+
+    On $U$ rather than $L$ because products of the form $M M^\top$ (contracting the last
+    axes of row-major arrays) run on XLA's fast CPU matrix kernels, where $L^{-\top}L^{-1}$
+    would not, and because $U$ is what LAPACK writes, without a transposing copy.
+    """
+    return _upper_gram(_upper_inverse(U))
 
 
 class Parts(NamedTuple):
@@ -194,7 +208,7 @@ def parts_from(A: Float[Array, "spins spins"], H: Float[Array, "spins dim"]) -> 
 
 def parts_from_factor(fac: Factor, H: Float[Array, "spins dim"]) -> Parts:
     """The parts from the Cholesky factor of $V$ (no second factorisation)."""
-    return parts_from(inverse_from_cholesky(fac.L), H)
+    return parts_from(inverse_from_upper(fac.U), H)
 
 
 @jax.custom_jvp
@@ -209,8 +223,8 @@ def inverse_and_logdet(
     differentiation reuses the one factorisation instead of differentiating the Cholesky
     and triangular-solve algorithms themselves (fewer, cheaper operations to compile and run).
     """
-    L = jnp.linalg.cholesky(V)
-    return inverse_from_cholesky(L), 2 * jnp.sum(jnp.log(jnp.diagonal(L)))
+    U = jnp.linalg.cholesky(V).T
+    return inverse_from_upper(U), 2 * jnp.sum(jnp.log(jnp.diagonal(U)))
 
 
 @inverse_and_logdet.defjvp

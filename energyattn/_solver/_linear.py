@@ -24,6 +24,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._checks import positive_int, python_float
+from .._linalg import cholesky_solve, upper_cholesky
 from ._iterate import default_tolerance, rms
 
 Flat = Float[Array, " n"]
@@ -89,9 +90,9 @@ def _lu_solve(matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool) -> Flat:
 
 
 def _cholesky_solve(
-    matvec: MatVec, b: Flat, lower: Float[Array, "n n"], name: str, throw: bool
+    matvec: MatVec, b: Flat, upper: Float[Array, "n n"], name: str, throw: bool
 ) -> Flat:
-    return _factored_solve(matvec, b, lambda r: jsl.cho_solve((lower, True), r), None, name, throw)
+    return _factored_solve(matvec, b, lambda r: cholesky_solve(upper, r), None, name, throw)
 
 
 class LU(AbstractLinearSolver):
@@ -108,8 +109,8 @@ class Cholesky(AbstractLinearSolver):
 
     def solve(self, matvec, b, *, symmetric, factor, throw):
         matrix = _dense_matrix(matvec, b)
-        lower = jnp.linalg.cholesky(0.5 * (matrix + matrix.T))
-        return _cholesky_solve(matvec, b, lower, "ea.Cholesky", throw)
+        upper = upper_cholesky(0.5 * (matrix + matrix.T))
+        return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw)
 
 
 class _Krylov(AbstractLinearSolver):

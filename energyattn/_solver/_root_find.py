@@ -11,6 +11,7 @@ from jaxtyping import Array, Bool, Float
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
+from .._linalg import cholesky_solve, upper_cholesky
 from ._adjoint import AbstractAdjoint, solve_problem
 from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms
 from ._linesearch import AbstractLineSearchSolver, Trial
@@ -23,8 +24,8 @@ _MAX_SHIFTS = 40
 def shifted_cholesky(
     hessian: Float[Array, "n n"], *, unrolled: bool = False
 ) -> tuple[Float[Array, "n n"], Bool[Array, ""], Bool[Array, ""]]:
-    r"""Cholesky factor of $H + \tau I$ with the smallest tried $\tau \ge 0$ that makes it
-    positive definite.
+    r"""Upper Cholesky factor $U$ ($U^\top U = H + \tau I$, see `upper_cholesky`) with the
+    smallest tried $\tau \ge 0$ that makes it positive definite.
 
     $\tau = 0$ first (one factorisation for a convex problem); then
     $\tau_0 = \max(0, -\min_i H_{ii}) + 10^{-3}\max_i|H_{ii}|$, doubled until the factorisation
@@ -33,14 +34,13 @@ def shifted_cholesky(
     for a non-finite $H$).
     """
     n = hessian.shape[0]
-    eye = jnp.eye(n, dtype=hessian.dtype)
 
     def factor(tau):
-        # Symmetric by construction; LAPACK reads one triangle (no symmetrising pass).
-        lower = jax.lax.linalg.cholesky(hessian + tau * eye, symmetrize_input=False)
-        return lower, jnp.all(jnp.isfinite(jnp.diagonal(lower)))
+        # The identity made here, not captured: XLA would carry it through the loop.
+        upper = upper_cholesky(hessian + tau * jnp.eye(n, dtype=hessian.dtype))
+        return upper, jnp.all(jnp.isfinite(jnp.diagonal(upper)))
 
-    lower, positive = factor(jnp.zeros((), hessian.dtype))
+    upper, positive = factor(jnp.zeros((), hessian.dtype))
     diag = jnp.diagonal(hessian)
     finfo = jnp.finfo(hessian.dtype)
     size = jnp.maximum(jnp.max(jnp.abs(diag)), finfo.tiny / finfo.eps)
@@ -52,11 +52,11 @@ def shifted_cholesky(
 
     def body(carry):
         k, tau, _, _ = carry
-        lower, ok = factor(tau)
-        return k + 1, 2 * tau, lower, ok
+        upper, ok = factor(tau)
+        return k + 1, 2 * tau, upper, ok
 
-    _, _, lower, ok = bounded_while(cond, body, (0, tau0, lower, positive), _MAX_SHIFTS, unrolled)
-    return lower, positive, ok
+    _, _, upper, ok = bounded_while(cond, body, (0, tau0, upper, positive), _MAX_SHIFTS, unrolled)
+    return upper, positive, ok
 
 
 class Newton(AbstractLineSearchSolver):
@@ -122,20 +122,20 @@ class Newton(AbstractLineSearchSolver):
             grad, hessian, cache = problem.objective.hessian(point.y, args, point.aux)
 
             def fresh(_):
-                lower, positive, ok = shifted_cholesky(hessian, unrolled=unrolled)
-                newton = -jsl.cho_solve((lower, True), grad)
-                return jnp.where(ok, newton, -grad), lower, positive
+                upper, positive, ok = shifted_cholesky(hessian, unrolled=unrolled)
+                newton = -cholesky_solve(upper, grad)
+                return jnp.where(ok, newton, -grad), upper, positive
 
             if previous is None:
-                direction, lower, positive = fresh(None)
+                direction, upper, positive = fresh(None)
             else:
-                old_lower, old_positive, tol = previous
-                chord = -jsl.cho_solve((old_lower, True), grad)
+                old_upper, old_positive, tol = previous
+                chord = -cholesky_solve(old_upper, grad)
                 reuse = old_positive & (rms(chord) <= tol) & jnp.all(jnp.isfinite(chord))
-                direction, lower, positive = jax.lax.cond(
-                    reuse, lambda _: (chord, old_lower, old_positive), fresh, None
+                direction, upper, positive = jax.lax.cond(
+                    reuse, lambda _: (chord, old_upper, old_positive), fresh, None
                 )
-            return direction, jnp.dot(grad, direction), (lower, cache), positive
+            return direction, jnp.dot(grad, direction), (upper, cache), positive
         residual = point.aux
         jacobian = jax.jacfwd(problem.residual)(point.y, args)
         lu = jsl.lu_factor(jacobian)

@@ -46,6 +46,7 @@ from .._energy._spin import (
     parts_from_factor,
     phi_terms,
 )
+from .._linalg import upper_cholesky
 from .._solver._adjoint import implicit_value
 from .._solver._iterate import AbstractObjective, Problem, bounded_while, iterate, no_grad
 from .._solver._linesearch import Trial
@@ -260,7 +261,7 @@ def _attach(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Ar
     if factor is None:
         parts = saddle.parts
         hess = grad_hess_from(tp, parts.A, parts.P, no_grad(beta))[1]
-        factor = jax.lax.linalg.cholesky(hess, symmetrize_input=False)
+        factor = upper_cholesky(hess)
     args = (J, H, beta, no_grad(saddle.parts))
     return implicit_value(tp, _AT_SOLUTION, args, factor, throw=throw)
 
