@@ -13,5 +13,6 @@ from ._mean_field import (
     MeanFieldAttention as MeanFieldAttention,
     MeanFieldTransformerBlock as MeanFieldTransformerBlock,
 )
+from ._smt import SpinTransformerAttention as SpinTransformerAttention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import VectorSpinAttention as VectorSpinAttention

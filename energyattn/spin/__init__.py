@@ -4,10 +4,18 @@ A system of vector spins with couplings `J` (spins, spins) in fields `H` (spins,
 temperature `beta`: the steepest-descent function `phi(t)` of its auxiliary variables, the
 saddle point `t*` (`ea.Newton` through the solver engine, differentiated implicitly),
 `log_partition`, `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with
-respect to `H`).
+respect to `H`). And the spin-model transformer's non-equilibrium (TAP) mean-field
+functions `smt_*`, whose steady state `smt_magnetizations` is the output of
+`ea.nn.SpinTransformerAttention`.
 Everything is unbatched; use `jax.vmap` for batches.
 """
 
+from .._energy._smt import (
+    smt_gamma as smt_gamma,
+    smt_phi as smt_phi,
+    smt_phi_inverse as smt_phi_inverse,
+    smt_tap_update as smt_tap_update,
+)
 from .._energy._spin import (
     PhiEnergy as PhiEnergy,
     input_couplings as input_couplings,
@@ -23,3 +31,4 @@ from ._afem import (
     neumann_series as neumann_series,
     saddle_point as saddle_point,
 )
+from ._smt import smt_magnetizations as smt_magnetizations, smt_steady_state as smt_steady_state

@@ -1,0 +1,167 @@
+r"""Spin-model transformers: the second-order (TAP) mean-field update of vector spins.
+
+Vector spins on a sphere of radius $R$, inputs $x$ (fields) and **asymmetric** couplings $J$
+(no energy: the dynamics is out of equilibrium). A spin in a field $\theta$ has the
+magnetization $\varphi(\theta)$; the second-order (Thouless-Anderson-Palmer) mean-field theory
+of the non-equilibrium dynamics gives the field a spin feels at the next step from the
+magnetizations now, $f(m_1, m_0)$; the steady state $m^* = \varphi(f(m^*, m^*))$ is the
+output of a spin-transformer module (`ea.spin.smt_steady_state`).
+
+Everything acts row-wise on `(spins, dim)` arrays; unbatched (use `jax.vmap` for batches).
+
+??? cite "Source"
+
+    M. Bal, *Spin-model transformers* (2023), "Non-equilibrium vector-spin models" and its
+    public JAX code (the reference of `tests/test_smt.py`'s fixture).
+"""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from .._custom_types import ScalarLike
+
+
+def _square_norm(v: Float[Array, "... dim"]) -> Float[Array, "... 1"]:
+    return jnp.sum(jnp.square(v), axis=-1, keepdims=True)
+
+
+def smt_gamma(
+    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+) -> Float[Array, "..."]:
+    r"""$\gamma(\theta) = \sqrt{1 + \beta^2\lVert\theta\rVert^2 / R^2}$, row-wise.
+
+    **Arguments:**
+
+    - `theta`: fields, shape `(..., dim)`.
+    - `beta`: inverse temperature $\beta$.
+    - `R`: the radius of the spins' sphere.
+
+    **Returns:**
+
+    $\gamma$ of each row, shape `(...)`.
+    """
+    theta = jnp.asarray(theta)
+    return jnp.sqrt(1 + beta**2 * _square_norm(theta)[..., 0] / R**2)
+
+
+def smt_phi(
+    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+) -> Float[Array, "... dim"]:
+    r"""The magnetization of a spin on a sphere of radius $R$ in the field $\theta$, row-wise.
+
+    $$\varphi(\theta) = \frac{\beta\,\theta}{1 + \gamma(\theta)}, \qquad
+      \lVert\varphi(\theta)\rVert < R$$
+
+    **Arguments:**
+
+    - `theta`: fields, shape `(..., dim)`.
+    - `beta`, `R`: inverse temperature and radius.
+
+    **Returns:**
+
+    The magnetizations, shape `(..., dim)`.
+    """
+    theta = jnp.asarray(theta)
+    return beta * theta / (1 + smt_gamma(theta, beta=beta, R=R))[..., None]
+
+
+def smt_phi_inverse(
+    m: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+) -> Float[Array, "... dim"]:
+    r"""The field that gives the magnetization $m$ (the inverse of
+    [`smt_phi`][energyattn.spin.smt_phi]), row-wise, for $\lVert m\rVert < R$.
+
+    $$\varphi^{-1}(m) = \frac{2R^2\, m}{\beta\,(R^2 - \lVert m\rVert^2)}$$
+
+    (so $\gamma(\varphi^{-1}(m)) = (R^2 + \lVert m\rVert^2)/(R^2 - \lVert m\rVert^2)$).
+
+    **Arguments:**
+
+    - `m`: magnetizations, shape `(..., dim)`, each row of norm below $R$.
+    - `beta`, `R`: inverse temperature and radius.
+
+    **Returns:**
+
+    The fields, shape `(..., dim)`.
+    """
+    m = jnp.asarray(m)
+    return 2 * R**2 * m / (beta * (R**2 - _square_norm(m)))
+
+
+def smt_tap_update(
+    m1: Float[ArrayLike, "spins dim"],
+    m0: Float[ArrayLike, "spins dim"],
+    x: Float[ArrayLike, "spins dim"],
+    J: Float[ArrayLike, "spins spins"],
+    *,
+    beta: ScalarLike,
+    R: ScalarLike,
+) -> Float[Array, "spins dim"]:
+    r"""The second-order (TAP) mean-field field $f(m_1, m_0)$ of vector spins with asymmetric
+    couplings: the effective field at the next step given the magnetizations $m_1$ now and
+    $m_0$ one step before.
+
+    With $g_0 = \gamma(\varphi^{-1}(m_0))$, $g_1 = \gamma(\varphi^{-1}(m_1))$ (per spin),
+    $v = -\varphi^{-1}(m_1) + x + J m_0$ and $K = J \circ J$:
+
+    $$\begin{aligned}
+    \Delta_i ={}& \frac{\beta^2(1 + 3g_{1i})}{R^4 g_{1i}^3}\Big[(m_{1i}\cdot v_i)^2
+      + \sum_j K_{ij}\frac{\lVert m_{1i}\rVert^2}{1 + g_{0i}}
+      - \sum_j K_{ij}\frac{(m_{1i}\cdot m_{0j})^2}{R^2 g_{0i}}\Big] m_{1i} \\
+    &- \frac{\beta^2}{R^2(g_{1i}^2 + g_{1i})}\Big[\lVert v_i\rVert^2
+      + \sum_j K_{ij}(R^2 - \lVert m_{0j}\rVert^2)\Big] m_{1i} \\
+    &- \frac{2\beta^2}{R^2(g_{1i}^2 + g_{1i})}\Big[(v_i\cdot m_{1i})\, v_i
+      + \sum_j K_{ij}\frac{m_{1i}}{1 + g_{0i}}
+      - \sum_j K_{ij}\frac{(m_{1i}\cdot m_{0j})\, m_{0j}}{R^2 g_{0i}}\Big], \\
+    f_i ={}& x_i + (J m_0)_i + \frac{1 + g_{1i}}{2\beta}\left(\Delta_i
+      + \frac{m_{1i}\cdot\Delta_i}{R^2 g_{1i}/(1 + g_{1i}) - \lVert m_{1i}\rVert^2}\,
+      m_{1i}\right).
+    \end{aligned}$$
+
+    **Indexing.** Inside the sums over $j$, $g_0$ carries the index $i$ of the *updated*
+    spin, not $j$: this is what the reference code computes (and what the fixture of
+    `tests/test_smt.py` checks), kept here as is. No derivation in this package decides the
+    other indexing; it is not offered.
+
+    The sums are computed as matrix products ($K$, $K \circ (m_1 m_0^\top)$,
+    $K(R^2 - \lVert m_0\rVert^2)$), in $O(N^2 D)$ without any $N \times N \times D$ array.
+
+    **Arguments:**
+
+    - `m1`, `m0`: magnetizations now and one step before, shape `(spins, dim)`, rows of
+      norm below $R$.
+    - `x`: inputs (external fields), shape `(spins, dim)`.
+    - `J`: couplings, shape `(spins, spins)` (any; asymmetric in the model).
+    - `beta`, `R`: inverse temperature and radius.
+
+    **Returns:**
+
+    The fields $f(m_1, m_0)$, shape `(spins, dim)`.
+    """
+    m1, m0, x, J = (jnp.asarray(a) for a in (m1, m0, x, J))
+    g0 = smt_gamma(smt_phi_inverse(m0, beta=beta, R=R), beta=beta, R=R)[:, None]
+    field1 = smt_phi_inverse(m1, beta=beta, R=R)
+    g1 = smt_gamma(field1, beta=beta, R=R)[:, None]
+    coupled = x + J @ m0
+    v = coupled - field1
+    K = jnp.square(J)
+    row_k = jnp.sum(K, axis=-1, keepdims=True)
+    overlap = m1 @ m0.T  # (m1_i . m0_j)
+    m1_v = jnp.sum(m1 * v, axis=-1, keepdims=True)
+    m1_sq = _square_norm(m1)
+    R2 = R**2
+    first = (
+        jnp.square(m1_v)
+        + row_k * m1_sq / (1 + g0)
+        - jnp.sum(K * jnp.square(overlap), axis=-1, keepdims=True) / (R2 * g0)
+    )
+    second = _square_norm(v) + K @ (R2 - _square_norm(m0))
+    third = m1_v * v + row_k * m1 / (1 + g0) - ((K * overlap) @ m0) / (R2 * g0)
+    damping = beta**2 / (R2 * (g1**2 + g1))
+    delta = (
+        beta**2 * (1 + 3 * g1) / (R2**2 * g1**3) * first * m1
+        - damping * second * m1
+        - 2 * damping * third
+    )
+    radial = jnp.sum(m1 * delta, axis=-1, keepdims=True) / (R2 * g1 / (1 + g1) - m1_sq)
+    return coupled + (1 + g1) / (2 * beta) * (delta + radial * m1)

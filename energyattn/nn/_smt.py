@@ -1,0 +1,202 @@
+"""Spin-model transformer attention: the output is the steady state of vector spins with
+asymmetric couplings softmax(q k^T), in the TAP mean-field theory of their dynamics."""
+
+from typing import Any, Literal, overload
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
+
+from .._checks import check_mask, check_positive, check_shape, positive_int
+from .._custom_types import ScalarLike
+from .._solver._adjoint import AbstractAdjoint
+from .._solver._iterate import AbstractIterativeSolver
+from .._solver._solution import Solution
+from ..spin._smt import DEFAULT_SOLVER, smt_steady_state
+from ._common import default_dtype, linear
+
+
+class SpinTransformerAttention(eqx.Module):
+    r"""Attention as the steady state of a non-equilibrium vector-spin system (spin-model
+    transformers).
+
+    Per head $h$ (head dimension $d$, radius $R = \sqrt{d/2 - 1}$): the head's slice of each
+    token is normalised to norm $R$, $\hat x_{ih} = R\, x_{ih} / \lVert x_{ih}\rVert$;
+    queries and keys are one linear map of the normalised tokens,
+    $[q \mid k] = \hat x\, W^\top$ with $W$ of shape `(2 dim, dim)` (no bias; $q$ the first
+    `dim` outputs, $k$ the rest, head $h$ in columns $hd$ to $(h+1)d$); the couplings are
+    $J_h = \operatorname{softmax}(q_h k_h^\top)$ row-wise (asymmetric; no $1/\sqrt d$ unless
+    `scale_couplings=True`); the output is the heads' steady-state magnetizations
+    ([`ea.spin.smt_magnetizations`][energyattn.spin.smt_magnetizations] with inputs
+    $\hat x_h$, couplings $J_h$ and $m_0 = \mathbf 1/\sqrt d$), concatenated, shape
+    `(tokens, dim)`. There is no value or output projection. The steady state is found by
+    Anderson acceleration and differentiated implicitly, so the layer trains with
+    `jax.grad`.
+
+    **Arguments:**
+
+    - `dim`: token dimension.
+    - `num_heads`: number of heads; `dim / num_heads` must be an integer of at least 3 (so
+      that $R > 0$).
+    - `beta`: inverse temperature $\beta$ (default 1).
+    - `scale_couplings`: divide $q_h k_h^\top$ by $\sqrt d$ before the softmax (default
+      `False`, as the reference).
+    - `solver`, `adjoint`, `max_steps`, `throw`: passed to
+      [`ea.spin.smt_steady_state`][energyattn.spin.smt_steady_state] (default
+      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 100 steps,
+      raise when a head does not converge).
+    - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023), its transformer module (normalisation to
+        $R$ per head, one query-key projection, softmax couplings).
+    """
+
+    to_qk: eqx.nn.Linear
+    solver: AbstractIterativeSolver
+    adjoint: AbstractAdjoint | None
+    dim: int = eqx.field(static=True)
+    num_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    beta: float = eqx.field(static=True)
+    scale_couplings: bool = eqx.field(static=True)
+    max_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        beta: ScalarLike = 1.0,
+        scale_couplings: bool = False,
+        solver: AbstractIterativeSolver | None = None,
+        adjoint: AbstractAdjoint | None = None,
+        max_steps: int = 100,
+        throw: bool = True,
+        dtype: Any = None,
+        key: PRNGKeyArray,
+    ):
+        self.dim = positive_int("dim", dim)
+        self.num_heads = positive_int("num_heads", num_heads)
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({dim}) must be a multiple of num_heads ({num_heads})")
+        self.head_dim = self.dim // self.num_heads
+        if self.head_dim < 3:
+            raise ValueError(
+                f"the head dimension dim / num_heads must be at least 3 (the radius "
+                f"sqrt(head_dim / 2 - 1) must be positive), got {self.head_dim}"
+            )
+        self.beta = float(check_positive("beta", beta))
+        self.scale_couplings = bool(scale_couplings)
+        self.solver = DEFAULT_SOLVER if solver is None else solver
+        self.adjoint = adjoint
+        self.max_steps = positive_int("max_steps", max_steps)
+        self.throw = bool(throw)
+        self.to_qk = linear(
+            self.dim, 2 * self.dim, use_bias=False, dtype=default_dtype(dtype), key=key
+        )
+
+    @property
+    def radius(self) -> float:
+        """$R = \\sqrt{d/2 - 1}$, the radius of every head's spins."""
+        return float(np.sqrt(self.head_dim / 2 - 1))
+
+    def inputs(self, x: Float[ArrayLike, "tokens dim"]) -> Float[Array, "heads tokens head_dim"]:
+        """The heads' inputs: each head's slice of each token, normalised to norm $R$."""
+        check_shape("x", x, "tokens dim", dim=self.dim)
+        x = jnp.asarray(x)
+        heads = x.reshape(x.shape[0], self.num_heads, self.head_dim).transpose(1, 0, 2)
+        norm = jnp.linalg.norm(heads, axis=-1, keepdims=True)
+        # A zero slice stays zero instead of becoming NaN.
+        return self.radius * heads / jnp.maximum(norm, jnp.finfo(heads.dtype).tiny)
+
+    def couplings(
+        self,
+        x: Float[ArrayLike, "tokens dim"],
+        *,
+        mask: Bool[ArrayLike, "tokens tokens"] | None = None,
+    ) -> Float[Array, "heads tokens tokens"]:
+        """The couplings $J_h = \\operatorname{softmax}(q_h k_h^\\top)$ of each head
+        (`mask`: `True` where token $i$ may couple to token $j$)."""
+        inputs = self.inputs(x)
+        tokens = inputs.shape[1]
+        merged = inputs.transpose(1, 0, 2).reshape(tokens, self.dim)
+        qk = jax.vmap(self.to_qk)(merged)
+        q, k = (
+            part.reshape(tokens, self.num_heads, self.head_dim).transpose(1, 0, 2)
+            for part in jnp.split(qk, 2, axis=-1)
+        )
+        scores = jnp.einsum("hid,hjd->hij", q, k)
+        if self.scale_couplings:
+            scores = scores / np.sqrt(self.head_dim)
+        if mask is not None:
+            mask = check_mask(mask, (tokens, tokens), "tokens tokens")
+            scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+        return jax.nn.softmax(scores, axis=-1)
+
+    @overload
+    def __call__(
+        self,
+        x: Float[ArrayLike, "tokens dim"],
+        *,
+        mask: Bool[ArrayLike, "tokens tokens"] | None = None,
+        return_solution: Literal[False] = False,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "tokens dim"]: ...
+
+    @overload
+    def __call__(
+        self,
+        x: Float[ArrayLike, "tokens dim"],
+        *,
+        mask: Bool[ArrayLike, "tokens tokens"] | None = None,
+        return_solution: Literal[True],
+        key: PRNGKeyArray | None = None,
+    ) -> tuple[Float[Array, "tokens dim"], Solution]: ...
+
+    def __call__(
+        self,
+        x: Float[ArrayLike, "tokens dim"],
+        *,
+        mask: Bool[ArrayLike, "tokens tokens"] | None = None,
+        return_solution: bool = False,
+        key: PRNGKeyArray | None = None,
+    ) -> Float[Array, "tokens dim"] | tuple[Float[Array, "tokens dim"], Solution]:
+        """**Arguments:**
+
+        - `x`: the tokens, shape `(tokens, dim)`.
+        - `mask`: optional boolean `(tokens, tokens)`, `True` where token $i$ may couple to
+          token $j$ (masked scores are set to the dtype's minimum before the softmax, as
+          the reference).
+        - `return_solution`: also return the heads' [`Solution`][energyattn.Solution]
+          (batched over heads: `value` `(heads, tokens, head_dim)`, `num_steps` `(heads,)`).
+        - `key`: unused (no randomness); accepted for Equinox layer compatibility.
+
+        **Returns:**
+
+        The steady-state magnetizations of the heads, concatenated, shape `(tokens, dim)`;
+        with `return_solution=True` also the solution.
+        """
+        del key
+        inputs = self.inputs(x)
+        J = self.couplings(x, mask=mask)
+
+        def head(x_h, J_h):
+            return smt_steady_state(
+                x_h,
+                J_h,
+                beta=self.beta,
+                R=self.radius,
+                solver=self.solver,
+                adjoint=self.adjoint,
+                max_steps=self.max_steps,
+                throw=self.throw,
+            )
+
+        solution = jax.vmap(head)(inputs, J)
+        out = solution.value.transpose(1, 0, 2).reshape(inputs.shape[1], self.dim)
+        return (out, solution) if return_solution else out

@@ -1,0 +1,148 @@
+r"""The steady state of a spin-model transformer: $m^* = \varphi(f(m^*, m^*))$, implicitly
+differentiated through the solver engine."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from .._checks import check_positive, check_shape, positive_int
+from .._custom_types import ScalarLike
+from .._energy._smt import smt_phi, smt_tap_update
+from .._solver._adjoint import AbstractAdjoint
+from .._solver._fixed_point import Anderson, fixed_point
+from .._solver._iterate import AbstractIterativeSolver
+from .._solver._solution import RESULTS, Solution
+
+#: The module's default solver: Anderson with the reference's history (5) and mixing (1).
+DEFAULT_SOLVER = Anderson(rtol=1e-5, atol=1e-6, history=5)
+
+
+def _tap_map(m: Array, args: tuple) -> Array:
+    x, J, beta, R = args
+    return smt_phi(smt_tap_update(m, m, x, J, beta=beta, R=R), beta=beta, R=R)
+
+
+def smt_steady_state(
+    x: Float[ArrayLike, "spins dim"],
+    J: Float[ArrayLike, "spins spins"],
+    *,
+    beta: ScalarLike = 1.0,
+    R: ScalarLike,
+    m0: Float[ArrayLike, "spins dim"] | None = None,
+    solver: AbstractIterativeSolver | None = None,
+    adjoint: AbstractAdjoint | None = None,
+    max_steps: int = 100,
+    throw: bool = True,
+) -> Solution:
+    r"""The steady-state magnetizations of vector spins with asymmetric couplings, in the
+    second-order (TAP) mean-field theory of their non-equilibrium dynamics.
+
+    $$m^* = \varphi\big(f(m^*, m^*;\, x, J, \beta, R)\big)$$
+
+    with $\varphi$ = [`smt_phi`][energyattn.spin.smt_phi] and $f$ =
+    [`smt_tap_update`][energyattn.spin.smt_tap_update], solved by
+    [`ea.fixed_point`][energyattn.fixed_point] from $\varphi(x + J m_0)$ and differentiated
+    implicitly ([`ImplicitAdjoint`][energyattn.ImplicitAdjoint] by default: gradients with
+    respect to `x`, `J`, `beta` and `R`, in forward and reverse mode, to any order; `m0` only
+    places the start and gets none). There is no energy behind this fixed point (the couplings
+    are asymmetric), so no minimiser applies; see the theory page.
+
+    **Arguments:**
+
+    - `x`: inputs (external fields), shape `(spins, dim)`.
+    - `J`: couplings, shape `(spins, spins)`, e.g. `softmax(q k^T)` per row.
+    - `beta`: inverse temperature $\beta > 0$ (default 1).
+    - `R`: radius of the spins' sphere, $R > 0$.
+    - `m0`: the magnetizations the start is computed from (default `ones / sqrt(dim)`, as
+      the reference module).
+    - `solver`: a fixed-point solver carrying the tolerances (default
+      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`; `ea.Picard(...)` or `ea.Newton()`
+      also work).
+    - `adjoint`: how derivatives pass through $m^*$ (default implicit).
+    - `max_steps`: the most evaluations of the map (default 100).
+    - `throw`: raise (at run time) unless the solve succeeded (default). With `False` the
+      failure is in `result`: `RESULTS.max_steps_reached`, `RESULTS.diverged`,
+      `RESULTS.nonfinite` (a magnetization reached the sphere, $\lVert m_i\rVert \to R$,
+      where $\varphi^{-1}$ is infinite), or `RESULTS.infeasible` (a returned
+      magnetization is not inside the sphere).
+
+    **Returns:**
+
+    A [`Solution`][energyattn.Solution] whose `value` is $m^*$, shape `(spins, dim)`.
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023): the steady state of the mean-field
+        dynamics as the output of a transformer module.
+    """
+    check_shape("x", x, "spins dim")
+    num_spins, dim = np.shape(x)
+    check_shape("J", J, "spins spins", spins=num_spins)
+    x = jnp.asarray(x)
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    x, J = x.astype(dtype), jnp.asarray(J).astype(dtype)
+    beta = check_positive("beta", beta).astype(dtype)
+    R = check_positive("R", R).astype(dtype)
+    if m0 is None:
+        m0 = jnp.full((num_spins, dim), 1 / jnp.sqrt(dim), dtype)
+    else:
+        check_shape("m0", m0, "spins dim", spins=num_spins, dim=dim)
+        m0 = jnp.asarray(m0).astype(dtype)
+    max_steps = positive_int("max_steps", max_steps)
+    start = smt_phi(x + J @ m0, beta=beta, R=R)
+    solution = fixed_point(
+        _tap_map,
+        start,
+        (x, J, beta, R),
+        solver=DEFAULT_SOLVER if solver is None else solver,
+        adjoint=adjoint,
+        max_steps=max_steps,
+        throw=False,
+    )
+    norms = jnp.linalg.norm(solution.value, axis=-1)
+    outside = (solution.result == RESULTS.successful) & ~jnp.all(norms < R)
+    result = RESULTS.where(outside, RESULTS.infeasible, solution.result)
+    solution = eqx.tree_at(lambda s: s.result, solution, result)
+    if throw:
+        value = solution.result.error_if(solution.value, solution.result != RESULTS.successful)
+        solution = eqx.tree_at(lambda s: s.value, solution, value)
+    return solution
+
+
+def smt_magnetizations(
+    x: Float[ArrayLike, "spins dim"],
+    J: Float[ArrayLike, "spins spins"],
+    *,
+    beta: ScalarLike = 1.0,
+    R: ScalarLike,
+    m0: Float[ArrayLike, "spins dim"] | None = None,
+    solver: AbstractIterativeSolver | None = None,
+    adjoint: AbstractAdjoint | None = None,
+    max_steps: int = 100,
+    throw: bool = True,
+) -> Float[Array, "spins dim"]:
+    r"""$m^*$ of [`smt_steady_state`][energyattn.spin.smt_steady_state] (same arguments):
+    the output of one head of a spin-model transformer module.
+
+    **Example:**
+
+    ```python
+    R = (16 / 2 - 1) ** 0.5
+    x = R * x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # (8, 16) inputs of norm R
+    J = jax.nn.softmax(q @ k.T, axis=-1)                     # asymmetric couplings
+    m = ea.spin.smt_magnetizations(x, J, R=R)
+    grad_J = jax.grad(lambda J: jnp.sum(ea.spin.smt_magnetizations(x, J, R=R) ** 2))(J)
+    ```
+    """
+    return smt_steady_state(
+        x,
+        J,
+        beta=beta,
+        R=R,
+        m0=m0,
+        solver=solver,
+        adjoint=adjoint,
+        max_steps=max_steps,
+        throw=throw,
+    ).value

@@ -1,0 +1,225 @@
+"""Spin-model transformers: the TAP mean-field functions, the steady state against the
+reference fixture, implicit derivatives (first and second order), the attention layer."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import energyattn as ea
+
+sp = ea.spin
+FIXTURE = Path(__file__).parent / "fixtures" / "smt_tap_fp_N8_D16.npz"
+TIGHT = ea.Anderson(rtol=0.0, atol=1e-13, history=5)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    with np.load(FIXTURE) as data:
+        return {k: data[k] for k in data.files if k != "meta_json"}
+
+
+def system(seed, n=5, d=6):
+    """A small random system in the reference's regime: inputs of norm R, softmax couplings."""
+    kx, kq, kk = jr.split(jr.key(seed), 3)
+    R = np.sqrt(d / 2 - 1)
+    x = jr.normal(kx, (n, d))
+    x = R * x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    J = jax.nn.softmax(jr.normal(kq, (n, n)) + 0.5 * jr.normal(kk, (n, n)), axis=-1)
+    return x, J, R
+
+
+def test_row_functions():
+    """phi maps any field inside the sphere, phi_inverse undoes it, gamma of phi_inverse has
+    its closed form."""
+    theta = 3.0 * jr.normal(jr.key(0), (7, 5))
+    for beta, R in [(1.0, 1.5), (2.5, 0.7)]:
+        m = sp.smt_phi(theta, beta=beta, R=R)
+        assert np.all(np.linalg.norm(m, axis=-1) < R)
+        np.testing.assert_allclose(sp.smt_phi_inverse(m, beta=beta, R=R), theta, rtol=1e-12)
+        g = sp.smt_gamma(sp.smt_phi_inverse(m, beta=beta, R=R), beta=beta, R=R)
+        m2 = np.sum(np.asarray(m) ** 2, -1)
+        np.testing.assert_allclose(g, (R**2 + m2) / (R**2 - m2), rtol=1e-12)
+        np.testing.assert_allclose(
+            sp.smt_gamma(theta, beta=beta, R=R),
+            np.sqrt(1 + beta**2 * np.sum(np.asarray(theta) ** 2, -1) / R**2),
+            rtol=1e-14,
+        )
+
+
+def test_tap_update_matches_the_written_sums(ref):
+    """The matrix-product form of f equals the double sums of the equation, written out per
+    spin with g0 carrying the updated spin's index i (the reference's convention)."""
+    x, J, beta, R = ref["x"], ref["J"], float(ref["beta"]), float(ref["R"])
+    m1, m0 = ref["m_star_tight"], 0.9 * ref["m0"]
+    f = np.asarray(sp.smt_tap_update(m1, m0, x, J, beta=beta, R=R))
+
+    def inv(m):
+        return 2 * R**2 * m / (beta * (R**2 - np.sum(m**2)))
+
+    def gam(t):
+        return np.sqrt(1 + beta**2 * np.sum(t**2) / R**2)
+
+    K = J**2
+    for i in range(x.shape[0]):
+        g0, g1 = gam(inv(m0[i])), gam(inv(m1[i]))
+        v = -inv(m1[i]) + x[i] + J[i] @ m0
+        a = (m1[i] @ v) ** 2 + sum(
+            K[i, j] * (m1[i] @ m1[i]) / (1 + g0) - K[i, j] * (m1[i] @ m0[j]) ** 2 / (R**2 * g0)
+            for j in range(x.shape[0])
+        )
+        b = v @ v + sum(K[i, j] * (R**2 - m0[j] @ m0[j]) for j in range(x.shape[0]))
+        c = (v @ m1[i]) * v + sum(
+            K[i, j] * m1[i] / (1 + g0) - K[i, j] * (m1[i] @ m0[j]) * m0[j] / (R**2 * g0)
+            for j in range(x.shape[0])
+        )
+        delta = (
+            beta**2 * (1 + 3 * g1) / (R**4 * g1**3) * a * m1[i]
+            - beta**2 / (R**2 * (g1**2 + g1)) * b * m1[i]
+            - 2 * beta**2 / (R**2 * (g1**2 + g1)) * c
+        )
+        radial = (m1[i] @ delta) / (R**2 * g1 / (1 + g1) - m1[i] @ m1[i])
+        expected = x[i] + J[i] @ m0 + (1 + g1) / (2 * beta) * (delta + radial * m1[i])
+        np.testing.assert_allclose(f[i], expected, rtol=1e-12, atol=1e-13)
+
+
+@pytest.fixture(scope="module")
+def fixture_solve(ref):
+    x, J, m0 = (jnp.asarray(ref[k]) for k in ("x", "J", "m0"))
+    beta, R = ref["beta"], ref["R"]
+
+    @jax.jit
+    def run(x, J):
+        def loss(x, J):
+            m = sp.smt_magnetizations(x, J, beta=beta, R=R, m0=m0, solver=TIGHT, max_steps=300)
+            return jnp.sum(m**2), m
+
+        (_, m), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, J)
+        default = sp.smt_magnetizations(x, J, beta=beta, R=R, m0=m0)
+        return m, grads, default
+
+    return run(x, J)
+
+
+def test_steady_state_matches_the_reference(ref, fixture_solve):
+    """m* to 1e-9 of the reference's tight solve; the exact implicit gradients of sum(m*^2)
+    to 1e-7 of its dense implicit-function-theorem ones; the default tolerances within what
+    the reference's own defaults (tol 1e-3) allow."""
+    m, (gx, gJ), default = fixture_solve
+    np.testing.assert_allclose(m, ref["m_star_tight"], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(gx, ref["grad_msq_x_denseIFT"], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(gJ, ref["grad_msq_J_denseIFT"], rtol=0, atol=1e-7)
+    # The reference's loose solve stopped with a residual of 1.4e-4, ours at rtol 1e-5.
+    np.testing.assert_allclose(default, ref["m_star_default"], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(default, ref["m_star_tight"], rtol=0, atol=1e-5)
+    # The reference's own (CG, tol 1e-5) gradients carry ~2e-6 of error.
+    np.testing.assert_allclose(gx, ref["grad_msq_x_tight"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_implicit_equals_unrolled_and_finite_differences(seed):
+    """Gradients (x, J, beta), a JVP and a Hessian-vector product through m* agree between
+    the implicit adjoint, 200 unrolled Picard steps and central finite differences."""
+    x, J, R = system(seed)
+    dx, dJ = jr.normal(jr.key(10 + seed), x.shape), jr.normal(jr.key(20 + seed), J.shape)
+
+    def loss(x, J, beta, unrolled=False):
+        # Unrolled: exactly 200 Picard steps (tolerance 0, so it "fails" to stop early).
+        m = sp.smt_steady_state(
+            x,
+            J,
+            beta=beta,
+            R=R,
+            solver=ea.Picard(rtol=0.0, atol=0.0) if unrolled else TIGHT,
+            adjoint=ea.UnrolledAdjoint() if unrolled else None,
+            max_steps=200,
+            throw=not unrolled,
+        ).value
+        return jnp.sum(m**2) + jnp.sum(m[0] * x[1])
+
+    def derivatives_of(f):
+        return dict(
+            grad=jax.grad(f, argnums=(0, 1, 2))(x, J, 1.3),
+            jvp=jax.jvp(lambda t: f(x + t * dx, J + t * dJ, 1.3), (0.0,), (1.0,))[1],
+            hvp=jax.jvp(lambda t: jax.grad(f)(x + t * dx, J, 1.3), (0.0,), (1.0,))[1],
+        )
+
+    @jax.jit
+    def derivatives(x, J):
+        out = dict(
+            implicit=derivatives_of(loss),
+            unrolled=derivatives_of(lambda x, J, b: loss(x, J, b, unrolled=True)),
+        )
+        h = 1e-5
+        f = lambda t: loss(x + t * dx, J + t * dJ, 1.3)  # noqa: E731
+        out["fd"] = (f(h) - f(-h)) / (2 * h)
+        return out
+
+    out = derivatives(x, J)
+    imp, unr = out["implicit"], out["unrolled"]
+    for a, b in zip(jax.tree.leaves(imp), jax.tree.leaves(unr), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(imp["jvp"], out["fd"], rtol=1e-7)
+    directional = jnp.sum(imp["grad"][0] * dx) + jnp.sum(imp["grad"][1] * dJ)
+    np.testing.assert_allclose(directional, imp["jvp"], rtol=1e-10)
+
+
+def test_failures_are_loud(user_mode):
+    """Too few steps raise with the solver's message; with throw=False the result says why;
+    bad shapes and parameters fail at trace time naming the argument."""
+    x, J, R = system(4)
+    with pytest.raises(Exception, match="did not converge within `max_steps`"):
+        jax.block_until_ready(sp.smt_magnetizations(x, J, R=R, max_steps=2))
+    sol = sp.smt_steady_state(x, J, R=R, max_steps=2, throw=False)
+    assert sol.result == ea.RESULTS.max_steps_reached
+    with pytest.raises(ValueError, match="J"):
+        sp.smt_magnetizations(x, J[:3], R=R)
+    with pytest.raises(ValueError, match="R"):
+        sp.smt_magnetizations(x, J, R=-1.0)
+    with pytest.raises(ValueError, match="m0"):
+        sp.smt_magnetizations(x, J, R=R, m0=jnp.ones((2, 2)))
+
+
+def test_layer_follows_the_reference_conventions():
+    """Per-head normalisation to R = sqrt(d/2 - 1), one (2 dim, dim) projection split into
+    [q | k] in merged-head layout, row softmax of q k^T (no 1/sqrt(d)), m0 = 1/sqrt(d): the
+    layer equals the steady state of each head computed by hand from its weight."""
+    dim, heads, tokens = 12, 3, 5
+    layer = ea.nn.SpinTransformerAttention(dim, heads, key=jr.key(0))
+    x = jr.normal(jr.key(1), (tokens, dim))
+    mask = jnp.tril(jnp.ones((tokens, tokens), bool))
+    d = dim // heads
+    R = np.sqrt(d / 2 - 1)
+    W = np.asarray(layer.to_qk.weight)
+    assert W.shape == (2 * dim, dim) and layer.to_qk.bias is None
+    xh = np.asarray(x).reshape(tokens, heads, d)
+    xh = R * xh / np.linalg.norm(xh, axis=-1, keepdims=True)
+    qk = xh.reshape(tokens, dim) @ W.T
+    q, k = qk[:, :dim].reshape(tokens, heads, d), qk[:, dim:].reshape(tokens, heads, d)
+    out = np.asarray(layer(x, mask=mask))
+    assert out.shape == (tokens, dim)
+    for h in range(heads):
+        scores = q[:, h] @ k[:, h].T
+        scores = np.where(np.asarray(mask), scores, np.finfo(scores.dtype).min)
+        J = np.exp(scores - scores.max(-1, keepdims=True))
+        J /= J.sum(-1, keepdims=True)
+        np.testing.assert_allclose(layer.couplings(x, mask=mask)[h], J, rtol=1e-12)
+        m = sp.smt_magnetizations(xh[:, h], J, R=R, m0=np.ones((tokens, d)) / np.sqrt(d))
+        np.testing.assert_allclose(out[:, h * d : (h + 1) * d], m, rtol=1e-10, atol=1e-12)
+    scaled = ea.nn.SpinTransformerAttention(dim, heads, scale_couplings=True, key=jr.key(0))
+    scores = q[:, 0] @ k[:, 0].T / np.sqrt(d)
+    np.testing.assert_allclose(
+        scaled.couplings(x)[0], np.asarray(jax.nn.softmax(scores, axis=-1)), rtol=1e-12
+    )
+    # Batches by vmap, and the gradient reaches the projection.
+    batch = jax.vmap(layer)(jnp.stack([x, 2 * x]))
+    np.testing.assert_allclose(batch[1], layer(x), rtol=1e-10)  # normalisation: scale-free
+    grad = jax.grad(lambda layer: jnp.sum(layer(x) ** 2))(layer)
+    assert np.all(np.isfinite(grad.to_qk.weight)) and np.any(grad.to_qk.weight != 0)
+    with pytest.raises(ValueError, match="multiple of num_heads"):
+        ea.nn.SpinTransformerAttention(10, 3, key=jr.key(0))
+    with pytest.raises(ValueError, match="at least 3"):
+        ea.nn.SpinTransformerAttention(8, 4, key=jr.key(0))
