@@ -24,6 +24,7 @@ BENCHMARKS = {
     "et_recall": "ea.descend vs a hand-written lax.scan (Energy Transformer recall)",
     "deq": "fixed-point solvers; implicit vs unrolled gradients vs number of steps",
     "spin_saddle": "the vector-spin saddle point in multiples of one Cholesky",
+    "smt": "spin-model transformer attention vs softmax attention; Anderson vs Picard",
 }
 
 

@@ -28,7 +28,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # checks) inherit them, and so do the xdist workers from the controller. Nothing is added where
 # the user set any of these, or if this JAX does not know them (an unknown XLA flag aborts the
 # process), which one short subprocess checks.
-FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=1")
+# The third flag turns XNNPACK's YNN fusions off: XLA can compile them into kernels that
+# compute wrong values, differently at each compilation (see `energyattn/_cli.py`).
+FAST_COMPILE_FLAGS = (
+    "--xla_cpu_use_fusion_emitters=false",
+    "--xla_backend_optimization_level=1",
+    "--xla_cpu_experimental_ynn_fusion_type=",
+)
 _NO_OPT = "jax_disable_most_optimizations"
 _flags = os.environ.get("XLA_FLAGS", "")
 if _NO_OPT.upper() not in os.environ and not any(

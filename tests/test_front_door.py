@@ -143,7 +143,8 @@ def test_help_documents_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for command in ("demo", "landscape", "sweep", "bench", "hopfield", "classify", "attractor"):
+    commands = ("demo", "landscape", "sweep", "bench", "hopfield", "classify", "attractor")
+    for command in (*commands, "spin-transformer"):
         assert command in text
         with pytest.raises(SystemExit) as exit_info:
             main([command, "--help"])

@@ -3,6 +3,7 @@ reference fixture, implicit derivatives (first and second order), the attention 
 
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -223,3 +224,73 @@ def test_layer_follows_the_reference_conventions():
         ea.nn.SpinTransformerAttention(10, 3, key=jr.key(0))
     with pytest.raises(ValueError, match="at least 3"):
         ea.nn.SpinTransformerAttention(8, 4, key=jr.key(0))
+
+
+def test_attention_classifier_and_command(tmp_path, capsys, user_mode):
+    """Both token mixers train and evaluate in the mean-field classifier's skeleton; the
+    command writes its metrics (with the untrained and majority-class controls) and figure."""
+    import json
+
+    from energyattn._cli import main
+
+    images = jr.uniform(jr.key(0), (6, 1, 8, 8))
+    labels = jnp.arange(6) % 3
+    for mixer in ("spin_transformer", "softmax"):
+        model = ea.models.AttentionClassifier(mixer, dim=12, num_classes=3, key=jr.key(1))
+        solution = model.solve(images[0])
+        assert solution.value.shape == (17, 12) and solution.result == ea.RESULTS.successful
+        assert (solution.num_steps > 0) == (mixer == "spin_transformer")
+        result = ea.models.train_classifier(
+            model, images, labels, key=jr.key(2), num_steps=2, batch_size=4, progress=False
+        )
+        scores = ea.models.evaluate_classifier(result.model, images, labels)
+        assert 0 <= scores["accuracy"] <= 1 and scores["converged"] == 1.0
+    with pytest.raises(ValueError, match="mixer"):
+        ea.models.AttentionClassifier("hopfield", key=jr.key(0))
+    out = tmp_path / "out"
+    argv = ["spin-transformer", "--train-steps", "2", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--models", "spin_transformer", "softmax"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["models"]) == {"spin_transformer", "softmax"}
+    assert 0 < metrics["majority_class_accuracy"] < 1
+    for model in metrics["models"].values():
+        assert model["train_steps"] == 2 and 0 <= model["untrained_test"]["accuracy"] <= 1
+    assert (out / "training_loss.png").stat().st_size > 0
+    assert "majority class" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layer_gradients_implicit_unrolled_finite_differences(seed):
+    """The layer's gradient with respect to its projection and its inputs: implicit adjoint =
+    200 unrolled Picard steps = central finite differences (float64)."""
+    key = jr.key(10 + seed)
+    tight = ea.nn.SpinTransformerAttention(8, 2, solver=TIGHT, max_steps=200, key=key)
+    unrolled = ea.nn.SpinTransformerAttention(
+        8,
+        2,
+        solver=ea.Picard(rtol=0.0, atol=0.0),
+        adjoint=ea.UnrolledAdjoint(),
+        max_steps=200,
+        throw=False,
+        key=key,
+    )
+    x = jr.normal(jr.key(20 + seed), (5, 8))
+    dW = jr.normal(jr.key(30 + seed), tight.to_qk.weight.shape)
+    dx = jr.normal(jr.key(40 + seed), x.shape)
+
+    def loss(layer, W, x):
+        layer = eqx.tree_at(lambda m: m.to_qk.weight, layer, W)
+        return jnp.sum(jnp.sin(layer(x)))
+
+    @jax.jit
+    def run(W, x):
+        grads = [jax.grad(loss, argnums=(1, 2))(layer, W, x) for layer in (tight, unrolled)]
+        h = 1e-5
+        f = lambda t: loss(tight, W + t * dW, x + t * dx)  # noqa: E731
+        return grads, (f(h) - f(-h)) / (2 * h)
+
+    (implicit, unrolled_grads), fd = run(tight.to_qk.weight, x)
+    for a, b in zip(implicit, unrolled_grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-11)
+    directional = jnp.sum(implicit[0] * dW) + jnp.sum(implicit[1] * dx)
+    np.testing.assert_allclose(directional, fd, rtol=1e-7)

@@ -385,9 +385,7 @@ def _double_well(x, a):
     return jnp.sum((x**2 - 1) ** 2) + 0.1 * jnp.dot(a, x)
 
 
-@pytest.mark.parametrize(
-    "solver", [ea.LBFGS(), ea.Newton(), ea.Newton(chord_check=True)], ids=repr
-)
+@pytest.mark.parametrize("solver", [ea.LBFGS(), ea.Newton(), ea.Newton(chord_check=True)], ids=repr)
 def test_minimise_returns_minima_and_refuses_unbounded_energies(solver):
     """From near the double well's maximum, a local minimum (positive curvature, energy below
     the start); on -|x|^2 no success."""

@@ -26,26 +26,32 @@ def _square_norm(v: Float[Array, "... dim"]) -> Float[Array, "... 1"]:
 
 
 def smt_gamma(
-    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "..."]:
-    r"""$\gamma(\theta) = \sqrt{1 + \beta^2\lVert\theta\rVert^2 / R^2}$, row-wise.
+    r"""The function $\gamma$ of a spin's field, row-wise.
+
+    $$\gamma(\theta) = \sqrt{1 + \beta^2\lVert\theta\rVert^2 / R^2}$$
 
     **Arguments:**
 
     - `theta`: fields, shape `(..., dim)`.
-    - `beta`: inverse temperature $\beta$.
+    - `beta`: inverse temperature $\beta$ (default 1).
     - `R`: the radius of the spins' sphere.
 
     **Returns:**
 
     $\gamma$ of each row, shape `(...)`.
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     theta = jnp.asarray(theta)
     return jnp.sqrt(1 + beta**2 * _square_norm(theta)[..., 0] / R**2)
 
 
 def smt_phi(
-    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+    theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "... dim"]:
     r"""The magnetization of a spin on a sphere of radius $R$ in the field $\theta$, row-wise.
 
@@ -55,18 +61,22 @@ def smt_phi(
     **Arguments:**
 
     - `theta`: fields, shape `(..., dim)`.
-    - `beta`, `R`: inverse temperature and radius.
+    - `beta`, `R`: inverse temperature (default 1) and radius.
 
     **Returns:**
 
     The magnetizations, shape `(..., dim)`.
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     theta = jnp.asarray(theta)
     return beta * theta / (1 + smt_gamma(theta, beta=beta, R=R))[..., None]
 
 
 def smt_phi_inverse(
-    m: Float[ArrayLike, "... dim"], *, beta: ScalarLike, R: ScalarLike
+    m: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "... dim"]:
     r"""The field that gives the magnetization $m$ (the inverse of
     [`smt_phi`][energyattn.spin.smt_phi]), row-wise, for $\lVert m\rVert < R$.
@@ -78,11 +88,15 @@ def smt_phi_inverse(
     **Arguments:**
 
     - `m`: magnetizations, shape `(..., dim)`, each row of norm below $R$.
-    - `beta`, `R`: inverse temperature and radius.
+    - `beta`, `R`: inverse temperature (default 1) and radius.
 
     **Returns:**
 
     The fields, shape `(..., dim)`.
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     m = jnp.asarray(m)
     return 2 * R**2 * m / (beta * (R**2 - _square_norm(m)))
@@ -94,7 +108,7 @@ def smt_tap_update(
     x: Float[ArrayLike, "spins dim"],
     J: Float[ArrayLike, "spins spins"],
     *,
-    beta: ScalarLike,
+    beta: ScalarLike = 1.0,
     R: ScalarLike,
 ) -> Float[Array, "spins dim"]:
     r"""The second-order (TAP) mean-field field $f(m_1, m_0)$ of vector spins with asymmetric
@@ -132,11 +146,15 @@ def smt_tap_update(
       norm below $R$.
     - `x`: inputs (external fields), shape `(spins, dim)`.
     - `J`: couplings, shape `(spins, spins)` (any; asymmetric in the model).
-    - `beta`, `R`: inverse temperature and radius.
+    - `beta`, `R`: inverse temperature (default 1) and radius.
 
     **Returns:**
 
     The fields $f(m_1, m_0)$, shape `(spins, dim)`.
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     m1, m0, x, J = (jnp.asarray(a) for a in (m1, m0, x, J))
     g0 = smt_gamma(smt_phi_inverse(m0, beta=beta, R=R), beta=beta, R=R)[:, None]

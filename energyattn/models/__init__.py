@@ -7,6 +7,7 @@ from ._attractor import (
     train_attractor as train_attractor,
 )
 from ._classifier import (
+    AttentionClassifier as AttentionClassifier,
     MeanFieldClassifier as MeanFieldClassifier,
     evaluate_classifier as evaluate_classifier,
     train_classifier as train_classifier,

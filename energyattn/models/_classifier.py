@@ -1,7 +1,7 @@
 """Image classification with deep implicit attention: a CLS site reads out a mean-field response."""
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -13,10 +13,42 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
 from .._checks import check_finite, positive_int, shape_str
+from .._solver._iterate import ok_result
 from .._solver._solution import RESULTS, Solution
 from ..data._patches import check_image_shape
 from ..nn._mean_field import MeanFieldAttention
+from ..nn._smt import SpinTransformerAttention
+from ..nn._softmax import SoftmaxAttention
 from ._training import TrainResult, fit
+
+
+def _patch_sites(model: Any, image: Any) -> Float[Array, "sites dim"]:
+    """The classifiers' shared front end: CLS token, then one embedded patch per site."""
+    image = jnp.asarray(image)
+    if image.shape != model.image_shape:
+        raise ValueError(f"image must have shape {model.image_shape}, got {shape_str(image.shape)}")
+    # Images come as whatever NumPy gives (often float64): compute in the model's dtype.
+    image = check_finite("the image", image.astype(model.conv.weight.dtype))
+    features = jax.nn.relu(model.conv(image))
+    p = model.patch_size
+    pooled = rearrange(features, "c (gh h) (gw w) -> (gh gw) c (h w)", h=p, w=p).max(-1)
+    return jnp.concatenate([model.cls_token[None], jax.vmap(model.embed)(pooled)])
+
+
+def _front_end(
+    image_shape: Any, patch_size: int, dim: int, conv_channels: int, keys: Any
+) -> tuple[tuple[int, int, int], int, int, eqx.nn.Conv2d, eqx.nn.Linear, Array]:
+    """Checked shapes, the number of patches, and the front end's initial parameters (from
+    the keys of the convolution, the embedding and the CLS token)."""
+    image_shape, patch_size = check_image_shape(image_shape, patch_size)
+    channels, height, width = image_shape
+    conv_channels = positive_int("conv_channels", conv_channels)
+    num_patches = (height // patch_size) * (width // patch_size)
+    kc, ke, kt = keys
+    conv = eqx.nn.Conv2d(channels, conv_channels, 3, padding=1, key=kc)
+    embed = eqx.nn.Linear(conv_channels, dim, key=ke)
+    cls_token = jr.normal(kt, (dim,)) / np.sqrt(dim)
+    return image_shape, patch_size, num_patches, conv, embed, cls_token
 
 
 class MeanFieldClassifier(eqx.Module):
@@ -70,16 +102,13 @@ class MeanFieldClassifier(eqx.Module):
         key: PRNGKeyArray,
         **attention_kwargs: Any,
     ):
-        self.image_shape, self.patch_size = check_image_shape(image_shape, patch_size)
-        channels, height, width = self.image_shape
         dim = positive_int("dim", dim)
         num_classes = positive_int("num_classes", num_classes)
-        conv_channels = positive_int("conv_channels", conv_channels)
-        num_patches = (height // patch_size) * (width // patch_size)
         kc, ke, kt, ka, kh = jr.split(key, 5)
-        self.conv = eqx.nn.Conv2d(channels, conv_channels, 3, padding=1, key=kc)
-        self.embed = eqx.nn.Linear(conv_channels, dim, key=ke)
-        self.cls_token = jr.normal(kt, (dim,)) / np.sqrt(dim)
+        front = _front_end(image_shape, patch_size, dim, conv_channels, (kc, ke, kt))
+        self.image_shape, self.patch_size, num_patches, self.conv, self.embed, self.cls_token = (
+            front
+        )
         attention_kwargs.setdefault("sym_internal", True)
         attention_kwargs.setdefault("contraction", 0.9)
         attention_kwargs.setdefault("throw", False)
@@ -92,17 +121,7 @@ class MeanFieldClassifier(eqx.Module):
 
     def sites(self, image: Float[ArrayLike, "channels height width"]) -> Float[Array, "sites dim"]:
         """The input fields: the CLS token, then one embedded patch per site (row by row)."""
-        image = jnp.asarray(image)
-        if image.shape != self.image_shape:
-            raise ValueError(
-                f"image must have shape {self.image_shape}, got {shape_str(image.shape)}"
-            )
-        # Images come as whatever NumPy gives (often float64): compute in the model's dtype.
-        image = check_finite("the image", image.astype(self.conv.weight.dtype))
-        features = jax.nn.relu(self.conv(image))
-        p = self.patch_size
-        pooled = rearrange(features, "c (gh h) (gw w) -> (gh gw) c (h w)", h=p, w=p).max(-1)
-        return jnp.concatenate([self.cls_token[None], jax.vmap(self.embed)(pooled)])
+        return _patch_sites(self, image)
 
     def solve(self, image: Float[ArrayLike, "channels height width"]) -> Solution:
         """The mean-field solve for one image (steps, residual, result code, site responses)."""
@@ -113,6 +132,98 @@ class MeanFieldClassifier(eqx.Module):
     ) -> Float[Array, " classes"]:
         """Class logits for one image. (`key` is unused.)"""
         return self.head(self.attention(self.sites(image))[0])
+
+
+Mixer = Literal["spin_transformer", "softmax"]
+
+
+class AttentionClassifier(eqx.Module):
+    r"""The [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier]'s skeleton with
+    another token mixer: the same convolutional patch embedding, CLS site and linear head
+    on the CLS output, with
+
+    - `"spin_transformer"`: [`SpinTransformerAttention`][energyattn.nn.SpinTransformerAttention]
+      (the heads' steady-state magnetizations; Anderson, implicit backward), or
+    - `"softmax"`: [`SoftmaxAttention`][energyattn.nn.SoftmaxAttention] (multi-head, query,
+      key, value and output projections), the explicit baseline.
+
+    **Arguments:**
+
+    - `mixer`: `"spin_transformer"` (default) or `"softmax"`.
+    - `image_shape`, `patch_size`, `dim`, `num_classes`, `conv_channels`: as in
+      `MeanFieldClassifier` (default patch size 2 here: a 4x4 grid of sites plus CLS).
+    - `num_heads`: heads of the mixer (default 4).
+    - `key`: PRNG key (keyword only); other keywords go to the mixer (e.g. `beta`,
+      `solver`, `max_steps` for the spin transformer).
+    """
+
+    conv: eqx.nn.Conv2d
+    embed: eqx.nn.Linear
+    cls_token: Float[Array, " dim"]
+    attention: SpinTransformerAttention | SoftmaxAttention
+    head: eqx.nn.Linear
+    image_shape: tuple[int, int, int] = eqx.field(static=True)
+    patch_size: int = eqx.field(static=True)
+    mixer: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        mixer: Mixer = "spin_transformer",
+        image_shape: tuple[int, int, int] = (1, 8, 8),
+        patch_size: int = 2,
+        dim: int = 24,
+        num_classes: int = 10,
+        *,
+        num_heads: int = 4,
+        conv_channels: int = 16,
+        key: PRNGKeyArray,
+        **mixer_kwargs: Any,
+    ):
+        if mixer not in ("spin_transformer", "softmax"):
+            raise ValueError(f"mixer must be 'spin_transformer' or 'softmax', got {mixer!r}")
+        self.mixer = mixer
+        dim = positive_int("dim", dim)
+        num_classes = positive_int("num_classes", num_classes)
+        kc, ke, kt, ka, kh = jr.split(key, 5)
+        front = _front_end(image_shape, patch_size, dim, conv_channels, (kc, ke, kt))
+        self.image_shape, self.patch_size, _, self.conv, self.embed, self.cls_token = front
+        if mixer == "spin_transformer":
+            mixer_kwargs.setdefault("throw", False)
+            self.attention = SpinTransformerAttention(dim, num_heads, key=ka, **mixer_kwargs)
+        else:
+            self.attention = SoftmaxAttention(dim, num_heads=num_heads, key=ka, **mixer_kwargs)
+        self.head = eqx.nn.Linear(dim, num_classes, key=kh)
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.out_features
+
+    def sites(self, image: Float[ArrayLike, "channels height width"]) -> Float[Array, "sites dim"]:
+        """The input tokens: the CLS token, then one embedded patch per site (row by row)."""
+        return _patch_sites(self, image)
+
+    def solve(self, image: Float[ArrayLike, "channels height width"]) -> Solution:
+        """The mixer's output for one image as a [`Solution`][energyattn.Solution]: for the
+        spin transformer the largest step count and the first failing head's result; the
+        softmax mixer has no solver (0 steps, always successful)."""
+        sites = self.sites(image)
+        if isinstance(self.attention, SpinTransformerAttention):
+            out, heads = self.attention(sites, return_solution=True)
+            failing = jnp.argmax(heads.result != RESULTS.successful)
+            result = jax.tree.map(lambda code: code[failing], heads.result)
+            return Solution(out, result, jnp.max(heads.num_steps), jnp.max(heads.residual))
+        out = self.attention(sites)
+        zero = jnp.zeros((), out.dtype)
+        return Solution(out, ok_result(), jnp.zeros((), jnp.int32), zero)
+
+    def __call__(
+        self, image: Float[ArrayLike, "channels height width"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, " classes"]:
+        """Class logits for one image. (`key` is unused.)"""
+        return self.head(self.attention(self.sites(image))[0])
+
+
+Classifier = MeanFieldClassifier | AttentionClassifier
 
 
 def _classification_loss(
@@ -127,7 +238,7 @@ def _classification_loss(
 
 
 def _check_images(
-    model: MeanFieldClassifier, images: Any, labels: Any
+    model: Classifier, images: Any, labels: Any
 ) -> tuple[Float[Array, "n c h w"], Int[Array, " n"]]:
     images = jnp.asarray(images)
     if images.ndim == 3 and model.image_shape[0] == 1:
@@ -151,7 +262,7 @@ def _check_images(
 
 
 def train_classifier(
-    model: MeanFieldClassifier,
+    model: Classifier,
     images: Float[ArrayLike, "n ..."],
     labels: Int[ArrayLike, " n"],
     *,
@@ -168,7 +279,8 @@ def train_classifier(
     progress: bool = True,
     callback: Any = None,
 ) -> TrainResult:
-    r"""Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier] by cross-entropy.
+    r"""Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier] or an
+    [`AttentionClassifier`][energyattn.models.AttentionClassifier] by cross-entropy.
 
     Each step draws `batch_size` training examples (without replacement) with the key
     `fold_in(key, step)`, so a run resumed from its checkpoint follows the same path as an
@@ -213,7 +325,7 @@ def train_classifier(
 
 
 @eqx.filter_jit
-def _evaluate_batch(model: MeanFieldClassifier, images: Array) -> tuple[Array, Array, Array]:
+def _evaluate_batch(model: Classifier, images: Array) -> tuple[Array, Array, Array]:
     def one(image: Array) -> tuple[Array, Array, Array]:
         solution = model.solve(image)
         logits = model.head(solution.value[0])
@@ -223,7 +335,7 @@ def _evaluate_batch(model: MeanFieldClassifier, images: Array) -> tuple[Array, A
 
 
 def evaluate_classifier(
-    model: MeanFieldClassifier,
+    model: Classifier,
     images: Float[ArrayLike, "n ..."],
     labels: Int[ArrayLike, " n"],
     *,

@@ -49,6 +49,13 @@ class SpinTransformerAttention(eqx.Module):
       raise when a head does not converge).
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
+    !!! warning "On CPU"
+
+        XLA's XNNPACK (YNN) fusions can miscompile programs built on this layer (NaN steady
+        states, wrong losses, depending on the compilation; jaxlib 0.10.2 and 0.12). Run with
+        `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` set before JAX starts, as the
+        `energyattn` commands and tests do (see the README).
+
     ??? cite "Source"
 
         M. Bal, *Spin-model transformers* (2023), its transformer module (normalisation to

@@ -122,18 +122,36 @@ def smt_magnetizations(
     max_steps: int = 100,
     throw: bool = True,
 ) -> Float[Array, "spins dim"]:
-    r"""$m^*$ of [`smt_steady_state`][energyattn.spin.smt_steady_state] (same arguments):
-    the output of one head of a spin-model transformer module.
+    r"""The steady-state magnetizations $m^*$ of
+    [`smt_steady_state`][energyattn.spin.smt_steady_state]: the output of one head of a
+    spin-model transformer module.
+
+    $$m^* = \varphi\big(f(m^*, m^*;\, x, J, \beta, R)\big)$$
+
+    **Arguments:**
+
+    As [`smt_steady_state`][energyattn.spin.smt_steady_state].
+
+    **Returns:**
+
+    $m^*$, shape `(spins, dim)`.
 
     **Example:**
 
     ```python
+    kx, kq, kk = jr.split(jr.PRNGKey(0), 3)
     R = (16 / 2 - 1) ** 0.5
-    x = R * x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # (8, 16) inputs of norm R
-    J = jax.nn.softmax(q @ k.T, axis=-1)                     # asymmetric couplings
+    x = jr.normal(kx, (8, 16))
+    x = R * x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # inputs of norm R
+    q, k = jr.normal(kq, (8, 16)), jr.normal(kk, (8, 16))
+    J = jax.nn.softmax(q @ k.T / 4, axis=-1)  # asymmetric couplings
     m = ea.spin.smt_magnetizations(x, J, R=R)
     grad_J = jax.grad(lambda J: jnp.sum(ea.spin.smt_magnetizations(x, J, R=R) ** 2))(J)
     ```
+
+    ??? cite "Source"
+
+        M. Bal, *Spin-model transformers* (2023).
     """
     return smt_steady_state(
         x,

@@ -1,0 +1,123 @@
+"""Spin-model transformer attention: its cost against softmax attention, and its solvers.
+
+Questions: (1) what does a forward and a forward + backward of `ea.nn.SpinTransformerAttention`
+cost as a multiple of `ea.nn.SoftmaxAttention` of the same shape (tokens, dim, heads), both
+jitted and vmapped over a batch, timed interleaved in one run? (2) How many map evaluations do
+Anderson (the default, history 5) and Picard take to the steady state, and what does that cost?
+Inputs randn; float32; the layer's default tolerances (rtol 1e-5, atol 1e-6); XLA's YNN
+fusions off (see the README).
+
+    python benchmarks/smt.py [--quick]
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# Before JAX starts: XLA's YNN fusions miscompile this layer on CPU (NaN steady states at 65
+# tokens; see the README), so both contenders run without them.
+if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type="
+    ).strip()
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved, write_rows  # noqa: E402
+
+import energyattn as ea  # noqa: E402
+
+BATCH = 32
+
+
+def run(tokens: int, dim: int, heads: int, repeats: int) -> list[dict]:
+    key = jr.PRNGKey(0)
+    x = jr.normal(key, (BATCH, tokens, dim))
+    solvers = {
+        "anderson": ea.Anderson(rtol=1e-5, atol=1e-6),
+        "picard": ea.Picard(rtol=1e-5, atol=1e-6),
+    }
+    layers = {
+        name: ea.nn.SpinTransformerAttention(dim, heads, solver=solver, key=key)
+        for name, solver in solvers.items()
+    }
+    softmax = ea.nn.SoftmaxAttention(dim, num_heads=heads, key=key)
+
+    def forward(layer):
+        return lambda x: jax.vmap(layer)(x)
+
+    def backward(layer):
+        def loss(layer, x):
+            return jnp.sum(jax.vmap(layer)(x) ** 2)
+
+        return lambda x: jax.grad(loss)(layer, x)
+
+    fns = {"softmax:forward": forward(softmax), "softmax:backward": backward(softmax)}
+    for name, layer in layers.items():
+        fns[f"{name}:forward"] = forward(layer)
+        fns[f"{name}:backward"] = backward(layer)
+    times = interleaved(fns, x, repeats=repeats)
+    steps = {
+        name: jax.jit(jax.vmap(lambda x, layer=layer: layer(x, return_solution=True)[1]))(x)
+        for name, layer in layers.items()
+    }
+    rows = []
+    for name, timing in times.items():
+        mixer, case = name.split(":")
+        row = {
+            "benchmark": "smt",
+            "mixer": mixer,
+            "case": case,
+            "tokens": tokens,
+            "dim": dim,
+            "heads": heads,
+            "batch": BATCH,
+            "median_s": timing["median_s"],
+            "compile_s": timing["compile_s"],
+            "ratio_to_softmax": timing["median_s"] / times[f"softmax:{case}"]["median_s"],
+            "repeats": repeats,
+        }
+        if mixer in steps:
+            solution = steps[mixer]
+            row["mean_steps"] = float(jnp.mean(solution.num_steps))
+            row["max_steps"] = int(jnp.max(solution.num_steps))
+            row["converged"] = float(jnp.mean(solution.result == ea.RESULTS.successful))
+        rows.append(row)
+    return rows
+
+
+def report(row: dict) -> None:
+    steps = ""
+    if "mean_steps" in row:
+        steps = f"  steps mean {row['mean_steps']:.1f} max {row['max_steps']}"
+        steps += f" converged {row['converged']:.0%}"
+    print(
+        f"tokens {row['tokens']:3d} dim {row['dim']:3d} heads {row['heads']} {row['mixer']:9s} "
+        f"{row['case']:8s} {row['median_s'] * 1e3:8.2f} ms = {row['ratio_to_softmax']:6.1f} x "
+        f"softmax{steps}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one shape, 5 repeats")
+    args = parser.parse_args(argv)
+    shapes = [(17, 24, 4)] if args.quick else [(17, 24, 4), (65, 64, 4)]
+    rows = []
+    for tokens, dim, heads in shapes:
+        new = run(tokens, dim, heads, 5 if args.quick else 11)
+        rows.extend(new)
+        for row in new:
+            report(row)
+    path = write_rows("smt" + ("_quick" if args.quick else ""), rows)
+    print(f"wrote {path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
