@@ -120,26 +120,26 @@ def test_steady_state_matches_the_reference(ref, fixture_solve):
     np.testing.assert_allclose(gx, ref["grad_msq_x_tight"], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_implicit_equals_unrolled_and_finite_differences(seed):
-    """Gradients (x, J, beta), a JVP and a Hessian-vector product through m* agree between
-    the implicit adjoint, 200 unrolled Picard steps and central finite differences."""
-    x, J, R = system(seed)
-    dx, dJ = jr.normal(jr.key(10 + seed), x.shape), jr.normal(jr.key(20 + seed), J.shape)
+def _loss(x, J, beta, unrolled=False):
+    """A loss through m*: implicit (tight Anderson) or exactly 200 unrolled Picard steps
+    (tolerance 0, so it never stops early)."""
+    m = sp.smt_steady_state(
+        x,
+        J,
+        beta=beta,
+        R=np.sqrt(6 / 2 - 1),
+        solver=ea.Picard(rtol=0.0, atol=0.0) if unrolled else TIGHT,
+        adjoint=ea.UnrolledAdjoint() if unrolled else None,
+        max_steps=200,
+        throw=not unrolled,
+    ).value
+    return jnp.sum(m**2) + jnp.sum(m[0] * x[1])
 
-    def loss(x, J, beta, unrolled=False):
-        # Unrolled: exactly 200 Picard steps (tolerance 0, so it "fails" to stop early).
-        m = sp.smt_steady_state(
-            x,
-            J,
-            beta=beta,
-            R=R,
-            solver=ea.Picard(rtol=0.0, atol=0.0) if unrolled else TIGHT,
-            adjoint=ea.UnrolledAdjoint() if unrolled else None,
-            max_steps=200,
-            throw=not unrolled,
-        ).value
-        return jnp.sum(m**2) + jnp.sum(m[0] * x[1])
+
+@jax.jit
+def _derivatives(x, J, dx, dJ):
+    """Gradients (x, J, beta), a JVP and an HVP, implicit and unrolled; a central difference.
+    Module level: compiled once for every seed."""
 
     def derivatives_of(f):
         return dict(
@@ -148,18 +148,23 @@ def test_implicit_equals_unrolled_and_finite_differences(seed):
             hvp=jax.jvp(lambda t: jax.grad(f)(x + t * dx, J, 1.3), (0.0,), (1.0,))[1],
         )
 
-    @jax.jit
-    def derivatives(x, J):
-        out = dict(
-            implicit=derivatives_of(loss),
-            unrolled=derivatives_of(lambda x, J, b: loss(x, J, b, unrolled=True)),
-        )
-        h = 1e-5
-        f = lambda t: loss(x + t * dx, J + t * dJ, 1.3)  # noqa: E731
-        out["fd"] = (f(h) - f(-h)) / (2 * h)
-        return out
+    out = dict(
+        implicit=derivatives_of(_loss),
+        unrolled=derivatives_of(lambda x, J, b: _loss(x, J, b, unrolled=True)),
+    )
+    h = 1e-5
+    f = lambda t: _loss(x + t * dx, J + t * dJ, 1.3)  # noqa: E731
+    out["fd"] = (f(h) - f(-h)) / (2 * h)
+    return out
 
-    out = derivatives(x, J)
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_implicit_equals_unrolled_and_finite_differences(seed):
+    """Gradients (x, J, beta), a JVP and a Hessian-vector product through m* agree between
+    the implicit adjoint, 200 unrolled Picard steps and central finite differences."""
+    x, J, _ = system(seed)
+    dx, dJ = jr.normal(jr.key(10 + seed), x.shape), jr.normal(jr.key(20 + seed), J.shape)
+    out = _derivatives(x, J, dx, dJ)
     imp, unr = out["implicit"], out["unrolled"]
     for a, b in zip(jax.tree.leaves(imp), jax.tree.leaves(unr), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
@@ -249,9 +254,10 @@ def test_attention_classifier_and_command(tmp_path, capsys, user_mode):
         ea.models.AttentionClassifier("hopfield", key=jr.key(0))
     out = tmp_path / "out"
     argv = ["spin-transformer", "--train-steps", "2", "--out", str(out), "--no-progress"]
-    assert main([*argv, "--models", "spin_transformer", "softmax"]) == 0
+    # The spin transformer's training is checked above; the command with the fast mixer.
+    assert main([*argv, "--models", "softmax"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["models"]) == {"spin_transformer", "softmax"}
+    assert set(metrics["models"]) == {"softmax"}
     assert 0 < metrics["majority_class_accuracy"] < 1
     for model in metrics["models"].values():
         assert model["train_steps"] == 2 and 0 <= model["untrained_test"]["accuracy"] <= 1
