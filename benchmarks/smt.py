@@ -11,16 +11,8 @@ fusions off (see the README).
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
-
-# Before JAX starts: XLA's YNN fusions miscompile this layer on CPU (NaN steady states at 65
-# tokens; see the README), so both contenders run without them.
-if "xla_cpu_experimental_ynn_fusion_type" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type="
-    ).strip()
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
+from energyattn._cli import _avoid_xla_cpu_ynn_fusions  # noqa: E402
+
+# Before JAX starts its CPU backend: XLA's YNN fusions miscompile this layer on CPU (NaN
+# steady states at 65 tokens; see the README), so both contenders run without them.
+_avoid_xla_cpu_ynn_fusions()
 
 BATCH = 32
 

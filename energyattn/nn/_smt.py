@@ -127,9 +127,13 @@ class SpinTransformerAttention(eqx.Module):
         *,
         mask: Bool[ArrayLike, "tokens tokens"] | None = None,
     ) -> Float[Array, "heads tokens tokens"]:
-        """The couplings $J_h = \\operatorname{softmax}(q_h k_h^\\top)$ of each head
+        r"""The couplings $J_h = \operatorname{softmax}(q_h k_h^\top)$ of each head
         (`mask`: `True` where token $i$ may couple to token $j$)."""
-        inputs = self.inputs(x)
+        return self._couplings(self.inputs(x), mask)
+
+    def _couplings(
+        self, inputs: Float[Array, "heads tokens head_dim"], mask: Any
+    ) -> Float[Array, "heads tokens tokens"]:
         tokens = inputs.shape[1]
         merged = inputs.transpose(1, 0, 2).reshape(tokens, self.dim)
         qk = jax.vmap(self.to_qk)(merged)
@@ -190,7 +194,7 @@ class SpinTransformerAttention(eqx.Module):
         """
         del key
         inputs = self.inputs(x)
-        J = self.couplings(x, mask=mask)
+        J = self._couplings(inputs, mask)
 
         def head(x_h, J_h):
             return smt_steady_state(
