@@ -27,6 +27,7 @@ out = attend(layer, xs)  # (batch, seq, dim), sharded over the devices
 ```
 """
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PyTree
 
 from ._checks import positive_int, shape_str
+from ._train import train_step
 
 METHODS = ("jit", "shard_map")
 
@@ -237,7 +239,8 @@ def sharded_train_step(
     `loss_fn(model, *example)` is the loss of one example. The step vmaps it over the batch,
     takes the mean and its gradient with respect to the model's inexact arrays, and applies
     `optimizer`. The batch mean becomes a cross-device reduction, inserted by the compiler;
-    the new parameters are the same on every device and equal a one-device step.
+    the new parameters are the same on every device and equal a one-device step. It is the
+    same step (`energyattn._train.train_step`) that every `ea.models.train_*` runs.
 
     **Arguments:**
 
@@ -251,42 +254,34 @@ def sharded_train_step(
     `step(model, opt_state, *batch) -> (model, opt_state, loss)`.
     """
 
+    mean_loss = _BatchMeanLoss(loss_fn)
+
     def step(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
-        return _train_step(
-            loss_fn,
+        params, static = eqx.partition(replicate(model, mesh), eqx.is_inexact_array)
+        params, opt_state, loss = train_step(
+            mean_loss,
             optimizer,
-            mesh,
-            replicate(model, mesh),
+            params,
+            static,
             replicate(opt_state, mesh),
             *shard_batch(batch, mesh),
+            mesh=mesh,
         )
+        return eqx.combine(params, static), opt_state, loss
 
     return step
 
 
-@eqx.filter_jit
-def _train_step(
-    loss_fn: Callable,
-    optimizer: optax.GradientTransformation,
-    mesh: Mesh,
-    model: Any,
-    opt_state: Any,
-    *batch: Any,
-) -> tuple[Any, Any, Array]:
-    # `loss_fn`, `optimizer` (a tuple of functions) and `mesh` are static: one compilation per
-    # training set-up. The batch arrives sharded; the mean over it, and so the gradient, is
-    # a cross-device sum that GSPMD inserts.
-    def mean_loss(model: Any) -> Array:
-        return jnp.mean(_vmapped(loss_fn)(model, *batch))
+@dataclasses.dataclass(frozen=True)
+class _BatchMeanLoss:
+    # The mean of a per-example loss over the batch, as `train_step` wants it. A frozen
+    # dataclass compares (and hashes) by `loss_fn`, so the jitted step is compiled once per
+    # loss, optimiser and mesh however often `sharded_train_step` is called. The batch
+    # arrives sharded; its mean, and so the gradient, is a cross-device sum that GSPMD inserts.
+    loss_fn: Callable[..., Array]
 
-    loss, grads = eqx.filter_value_and_grad(mean_loss)(model)
-    updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
-    # The new parameters are replicated like the old ones (pinned, so the compiler cannot
-    # leave them sharded).
-    model = eqx.apply_updates(model, updates)
-    params, static = eqx.partition(model, eqx.is_array)
-    params, opt_state = jax.lax.with_sharding_constraint((params, opt_state), replicated(mesh))
-    return eqx.combine(params, static), opt_state, loss
+    def __call__(self, params: Any, static: Any, *batch: Any) -> Array:
+        return jnp.mean(_vmapped(self.loss_fn)(eqx.combine(params, static), *batch))
 
 
 def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:

@@ -180,12 +180,13 @@ def test_optimizer_schedule():
     assert sizes[55] == pytest.approx(0.5, rel=0.05) and sizes[-1] < 1e-3
 
 
-def write_checkpoint_like_npz(path, rng, *, heads=2, head_dim=3, dim=6, mem=10, transpose_xi=False):
-    """Arrays in the public ET checkpoint's layout, for 1x8x8 images in 4x4 patches."""
+def write_checkpoint_like_npz(path, rng, *, heads=2, head_dim=3, dim=6, mem=10):
+    """Arrays in the public ET checkpoint's layout, for 1x8x8 images in 4x4 patches: `Xi` is
+    `(D, M)` in the file; the returned dict holds the memories `(M, D)` as "memories"."""
     arrays = {
         "Wq": rng.normal(size=(heads, head_dim, dim)),
         "Wk": rng.normal(size=(heads, head_dim, dim)),
-        "Xi": rng.normal(size=(mem, dim)),
+        "Xi": rng.normal(size=(dim, mem)),
         "Wenc": rng.normal(size=(16, dim)),
         "Benc": rng.normal(size=(dim,)),
         "Wdec": rng.normal(size=(dim, 16)),
@@ -196,29 +197,29 @@ def write_checkpoint_like_npz(path, rng, *, heads=2, head_dim=3, dim=6, mem=10, 
         "MASK_token": rng.normal(size=(dim,)),
         "POS_embed": rng.normal(size=(5, dim)),
     }
-    saved = dict(arrays, Xi=arrays["Xi"].T) if transpose_xi else arrays
-    np.savez(path, **saved)
-    return arrays
+    np.savez(path, **arrays)
+    return dict(arrays, memories=arrays["Xi"].T)
 
 
-@pytest.mark.parametrize("transpose_xi", [False, True])
-def test_load_npz_checkpoint_layout(tmp_path, getkey, transpose_xi):
+# mem == dim: a square Xi, which the old loader (transposing only when M != D) read wrongly.
+@pytest.mark.parametrize("mem", [10, 6])
+def test_load_npz_checkpoint_layout(tmp_path, getkey, mem):
     rng = np.random.default_rng(0)
-    arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng, transpose_xi=transpose_xi)
+    arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng, mem=mem)
     model = ea.models.load_image_et(tmp_path / "et.npz", image_shape=(1, 8, 8), patch_size=4)
     et = model.transformer
     assert et.include_self and et.beta == pytest.approx(3**-0.5)
     np.testing.assert_array_equal(et.w_query, arrays["Wq"])
-    np.testing.assert_array_equal(et.memories, arrays["Xi"])
+    np.testing.assert_array_equal(et.memories, arrays["Xi"].T)  # (M, D), also when M == D
     np.testing.assert_array_equal(model.pos_embed, arrays["POS_embed"])
     np.testing.assert_array_equal(et.layer_norm.gamma, 1.3)
-    # The energy of the loaded model, written from the raw arrays.
+    # The energy of the loaded model, written from the raw arrays: memory k is Xi[:, k].
     g = np.asarray(jr.normal(getkey(), (5, 6)))
     value = 0.0
     for h in range(2):
         scores = (g @ arrays["Wq"][h].T) @ (g @ arrays["Wk"][h].T).T / np.sqrt(3)
         value -= np.sqrt(3) * np.log(np.exp(scores).sum(1)).sum()  # self term included
-    value -= 0.5 * np.sum(np.maximum(g @ arrays["Xi"].T, 0) ** 2)
+    value -= 0.5 * np.sum(np.maximum(g @ arrays["Xi"], 0) ** 2)
     np.testing.assert_allclose(et.energy(g), value, rtol=1e-12)
     # encode uses patches @ Wenc + Benc
     image = np.asarray(jr.uniform(getkey(), (1, 8, 8)))
@@ -227,24 +228,51 @@ def test_load_npz_checkpoint_layout(tmp_path, getkey, transpose_xi):
         ea.data.patchify(image, 4) @ arrays["Wenc"] + arrays["Benc"],
         rtol=1e-12,
     )
-    # and a model saved in the layout loads back identically
+    # A model saved in the layout has Xi as (D, M), and loads back identically.
     ea.models.save_image_et(tmp_path / "again.npz", model)
+    with np.load(tmp_path / "again.npz") as saved:
+        assert saved["Xi"].shape == (6, mem)
+        np.testing.assert_array_equal(saved["Xi"], arrays["Xi"])
     again = ea.models.load_image_et(tmp_path / "again.npz", image_shape=(1, 8, 8), patch_size=4)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(model), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
+def test_save_image_et_writes_exactly_the_path_atomically(tmp_path, getkey):
+    model = tiny_model(getkey(), num_memories=5)
+    ea.models.save_image_et(tmp_path / "weights.bin", model)  # no ".npz" appended
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.bin"]
+    with np.load(tmp_path / "weights.bin") as saved:
+        assert saved["Xi"].shape == (8, 5)  # (D, M)
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
+        ea.models.save_image_et(tmp_path / "no-such-folder" / "m.npz", model)
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        ea.models.save_image_et(tmp_path, model)
+
+
 def test_load_npz_errors(tmp_path):
     rng = np.random.default_rng(0)
     arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng)
+    del arrays["memories"]
     with pytest.raises(ValueError, match=r"POS_embed must have shape \(17, 6\) .* got \(5, 6\)"):
         ea.models.load_image_et(tmp_path / "et.npz", image_shape=(4, 8, 8), patch_size=2)
-    with pytest.raises(ValueError, match=r"Wenc must have shape \(48, 6\)"):
+    with pytest.raises(ValueError, match=r"et.npz'?: Wenc must have shape \(48, 6\)"):
         ea.models.load_image_et(tmp_path / "et.npz", image_shape=(3, 8, 8), patch_size=4)
+    # The memories stored (M, D) instead of the public (D, M).
+    np.savez(tmp_path / "mxd.npz", **dict(arrays, Xi=arrays["Xi"].T))
+    with pytest.raises(ValueError, match=r"mxd.npz'?: Xi must have shape \(dim=6, memories\)"):
+        ea.models.load_image_et(tmp_path / "mxd.npz", image_shape=(1, 8, 8), patch_size=4)
     del arrays["MASK_token"]
     np.savez(tmp_path / "bad.npz", **arrays)
-    with pytest.raises(ValueError, match=r"missing the arrays \['MASK_token'\]"):
+    with pytest.raises(ValueError, match=r"bad.npz'? is missing the arrays \['MASK_token'\]"):
         ea.models.load_image_et(tmp_path / "bad.npz", image_shape=(1, 8, 8), patch_size=4)
+    # Not an npz at all: a text file (np.load would try to unpickle it), a lone array.
+    (tmp_path / "notes.npz").write_text("hello\n")
+    with pytest.raises(ValueError, match=r"notes.npz'? is not an .npz file of Energy"):
+        ea.models.load_image_et(tmp_path / "notes.npz", image_shape=(1, 8, 8), patch_size=4)
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    with pytest.raises(ValueError, match=r"one.npy'? is not an .npz file .* single array"):
+        ea.models.load_image_et(tmp_path / "one.npy", image_shape=(1, 8, 8), patch_size=4)
 
 
 def test_bad_inputs(user_mode, getkey):

@@ -1,5 +1,6 @@
 """Masked-image inpainting with an Energy Transformer."""
 
+import zipfile
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -11,6 +12,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_finite, positive_int, shape_str
 from .._custom_types import Scalar
+from .._io import atomic_output, check_output_file
 from .._solver import Solution
 from ..data._patches import check_image_shape, patchify, unpatchify
 from ..nn import EnergyTransformer
@@ -267,6 +269,40 @@ _NPZ_KEYS = (
 )
 
 
+def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    # The arrays of the checkpoint layout; a clear `ValueError` naming the file for anything
+    # else (np.load would try to unpickle a text file).
+    try:
+        file = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        if isinstance(error, FileNotFoundError | IsADirectoryError | PermissionError):
+            raise
+        raise ValueError(
+            f"{str(path)!r} is not an .npz file of Energy Transformer weights ({error})"
+        ) from None
+    if not isinstance(file, np.lib.npyio.NpzFile):
+        raise ValueError(
+            f"{str(path)!r} is not an .npz file of Energy Transformer weights (it holds a "
+            "single array); expected the arrays " + ", ".join(_NPZ_KEYS)
+        )
+    with file:
+        missing = [k for k in _NPZ_KEYS if k not in file.files]
+        if missing:
+            raise ValueError(
+                f"{str(path)!r} is missing the arrays {missing}; expected {list(_NPZ_KEYS)}"
+            )
+        try:
+            arrays = {k: np.asarray(file[k]) for k in _NPZ_KEYS}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+            raise ValueError(f"{str(path)!r} is truncated or damaged ({error})") from None
+    for name, array in arrays.items():
+        if array.dtype.kind not in "fiu":
+            raise ValueError(
+                f"{str(path)!r}: {name} must hold real numbers, got dtype {array.dtype}"
+            )
+    return arrays
+
+
 def load_image_et(
     path: str | Path,
     *,
@@ -285,7 +321,7 @@ def load_image_et(
     | key | shape | meaning |
     |---|---|---|
     | `Wq`, `Wk` | `(H, Y, D)` | query / key projections $W^Q, W^K$ |
-    | `Xi` | `(M, D)` | memories $\xi$ (`(D, M)` is also accepted when $M \ne D$) |
+    | `Xi` | `(D, M)` | memories $\xi$, one per column (the model's `memories` is `Xi.T`) |
     | `Wenc`, `Benc` | `(Z, D)`, `(D,)` | patch embedding (`tokens = patches @ Wenc + Benc`) |
     | `Wdec`, `Bdec` | `(D, Z)`, `(Z,)` | unembedding |
     | `LNORM_gamma`, `LNORM_bias` | `()` (or `(1,)`), `(D,)` | energy layer norm $\gamma, \delta$ |
@@ -298,6 +334,10 @@ def load_image_et(
     (`include_self=True`). The image shape and patch size are not stored in the file; the
     defaults are the released model's (ImageNet, `(3, 224, 224)`, 16-pixel patches).
 
+    `Xi` is read exactly as the public checkpoint's own loader reads it (`D, M = Xi.shape`),
+    also when $M = D$. (Earlier versions of `save_image_et` wrote `(M, D)`; transpose the
+    `Xi` of such a file once.)
+
     **Arguments:**
 
     - `path`: the `.npz` file.
@@ -309,27 +349,30 @@ def load_image_et(
 
     An [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer].
     """
-    with np.load(path) as file:
-        missing = [k for k in _NPZ_KEYS if k not in file.files]
-        if missing:
-            raise ValueError(f"{path} is missing the arrays {missing}; expected {list(_NPZ_KEYS)}")
-        arrays = {k: np.asarray(file[k]) for k in _NPZ_KEYS}
+    arrays = _read_npz(path)
     (channels, height, width), patch_size = check_image_shape(image_shape, patch_size)
     if arrays["Wq"].ndim != 3:
-        raise ValueError(f"Wq must have shape (heads, head_dim, dim), got {arrays['Wq'].shape}")
+        raise ValueError(
+            f"{str(path)!r}: Wq must have shape (heads, head_dim, dim), got "
+            f"{shape_str(arrays['Wq'].shape)}"
+        )
     heads, head_dim, dim = arrays["Wq"].shape
-    memories = arrays["Xi"]
-    if memories.ndim == 2 and memories.shape[1] != dim and memories.shape[0] == dim:
-        memories = memories.T
+    if arrays["Xi"].ndim != 2 or arrays["Xi"].shape[0] != dim:
+        raise ValueError(
+            f"{str(path)!r}: Xi must have shape (dim={dim}, memories), got "
+            f"{shape_str(arrays['Xi'].shape)}"
+        )
+    memories = arrays["Xi"].T
     patch_dim = channels * patch_size**2
     num_patches = (height // patch_size) * (width // patch_size)
     gamma = arrays["LNORM_gamma"]
     if gamma.size != 1:
-        raise ValueError(f"LNORM_gamma must be a scalar, got shape {gamma.shape}")
+        raise ValueError(
+            f"{str(path)!r}: LNORM_gamma must be a scalar, got shape {shape_str(gamma.shape)}"
+        )
     expected = {
         "Wq": (heads, head_dim, dim),
         "Wk": (heads, head_dim, dim),
-        "Xi": (memories.shape[0], dim),
         "Wenc": (patch_dim, dim),
         "Benc": (dim,),
         "Wdec": (dim, patch_dim),
@@ -339,13 +382,13 @@ def load_image_et(
         "MASK_token": (dim,),
         "POS_embed": (num_patches + 1, dim),
     }
-    got = dict(arrays, Xi=memories)
     for name, shape in expected.items():
-        if got[name].shape != shape:
+        if arrays[name].shape != shape:
             raise ValueError(
-                f"{name} must have shape {shape_str(shape)} for {shape_str(image_shape)} images "
-                f"in {patch_size}x{patch_size} patches with dim={dim}, got "
-                f"{shape_str(got[name].shape)}"
+                f"{str(path)!r}: {name} must have shape {shape_str(shape)} for "
+                f"{shape_str(image_shape)} images in {patch_size}x{patch_size} patches with "
+                f"dim={dim}, got "
+                f"{shape_str(arrays[name].shape)}"
             )
     dtype = default_dtype(dtype)
     model = ImageEnergyTransformer(
@@ -395,15 +438,22 @@ def load_image_et(
 
 
 def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
-    """Write a model's weights as an `.npz` file in the layout that
-    [`load_image_et`][energyattn.models.load_image_et] reads (and the public checkpoint uses)."""
+    """Write a model's weights as an `.npz` file in the public Energy Transformer checkpoint's
+    layout, which [`load_image_et`][energyattn.models.load_image_et] reads (`Xi` is the
+    memories transposed, `(D, M)`).
+
+    The file is written to exactly `path` (no `.npz` is appended). The path is checked before
+    anything is written (its folder must exist and be writable, `path` must not be a folder;
+    else an `OSError` naming it), and the file is replaced atomically.
+    """
+    path = check_output_file(path, what="model file")
     et = model.transformer
     if et.layer_norm.delta is None:
         raise ValueError("the npz layout stores a layer-norm bias; this model has use_bias=False")
     arrays = {
         "Wq": et.w_query,
         "Wk": et.w_key,
-        "Xi": et.memories,
+        "Xi": et.memories.T,
         "Wenc": model.embed_weight,
         "Benc": model.embed_bias,
         "Wdec": model.unembed_weight,
@@ -414,4 +464,5 @@ def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
         "MASK_token": model.mask_token,
         "POS_embed": model.pos_embed,
     }
-    np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+    with atomic_output(path) as partial, open(partial, "wb") as file:
+        np.savez(file, **{k: np.asarray(v) for k, v in arrays.items()})

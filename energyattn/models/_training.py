@@ -1,6 +1,7 @@
 """Training loops: optax optimisers, vmapped batches, progress, checkpoints that resume exactly."""
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,11 +11,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import jax.tree_util as jtu
 import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_positive, positive_int, shape_str
+from .._io import atomic_output, check_output_file
+from .._train import train_step
 from ..data._patches import random_patch_mask
 from ._image_et import ImageEnergyTransformer, masked_patch_error, masked_patch_mse
 
@@ -30,14 +34,16 @@ def make_optimizer(
     r"""AdamW with a warm-up-cosine learning rate and global-norm gradient clipping.
 
     The learning rate rises linearly from 0 to `learning_rate` over `warmup_steps` (default
-    5% of `num_steps`), then decays along a cosine to 0 at `num_steps`. Gradients are clipped
-    to a global norm of `clip_norm` first.
+    5% of `num_steps`, at least 1), then decays along a cosine to 0 at `num_steps`. Gradients
+    are clipped to a global norm of `clip_norm` first. Every `num_steps >= 1` is valid: the
+    warm-up is clamped to `num_steps - 1` steps, so the schedule always reaches its peak and
+    a single step (`num_steps=1`) runs at `learning_rate`.
 
     **Arguments:**
 
     - `learning_rate`: peak learning rate.
     - `num_steps`: total number of optimisation steps.
-    - `warmup_steps`: steps of linear warm-up.
+    - `warmup_steps`: steps of linear warm-up (clamped to `num_steps - 1`).
     - `weight_decay`: AdamW's decoupled weight decay.
     - `clip_norm`: maximum global norm of the gradients.
 
@@ -48,8 +54,8 @@ def make_optimizer(
     num_steps = positive_int("num_steps", num_steps)
     warmup_steps = max(1, num_steps // 20) if warmup_steps is None else warmup_steps
     warmup_steps = positive_int("warmup_steps", warmup_steps, minimum=0)
-    if warmup_steps > num_steps:
-        raise ValueError(f"warmup_steps={warmup_steps} exceeds num_steps={num_steps}")
+    # optax needs a cosine part of at least one step (`decay_steps > warmup_steps`).
+    warmup_steps = min(warmup_steps, num_steps - 1)
     return _optimizer(
         float(check_positive("learning_rate", learning_rate)),
         num_steps,
@@ -79,18 +85,111 @@ def _optimizer(
 
 
 def save_checkpoint(path: str | Path, tree: PyTree) -> None:
-    """Write the arrays of a pytree (model, optimiser state, step, ...) to `path` with
-    `eqx.tree_serialise_leaves`; the file is replaced atomically."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    eqx.tree_serialise_leaves(partial, tree)
-    partial.replace(path)
+    """Write the arrays of a pytree (model, optimiser state, step, ...) to `path`.
+
+    The format is `eqx.tree_serialise_leaves`'s, written to exactly `path` (no suffix is
+    added). The path is checked first: its folder must exist and be writable and `path` must
+    not be a folder, else an `OSError` naming it is raised before anything is written. The
+    file is replaced atomically, so an interrupted save leaves the previous checkpoint intact.
+
+    ```python
+    import tempfile
+    from pathlib import Path
+
+    import jax.numpy as jnp
+    import energyattn as ea
+
+    tree = {"w": jnp.ones((2, 3)), "step": jnp.asarray(7)}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run.eqx"
+        ea.models.save_checkpoint(path, tree)
+        back = ea.models.load_checkpoint(path, tree)
+    assert int(back["step"]) == 7
+    ```
+    """
+    path = check_output_file(path, what="checkpoint")
+    with atomic_output(path) as partial, open(partial, "wb") as file:
+        eqx.tree_serialise_leaves(file, tree)
+
+
+def _leaf_name(keypath: tuple) -> str:
+    # `model.layers[0].weight` rather than keystr's `['model'].layers[0].weight`.
+    parts = []
+    for key in keypath:
+        name = key.name if isinstance(key, jtu.GetAttrKey) else None
+        if isinstance(key, jtu.DictKey) and isinstance(key.key, str) and key.key.isidentifier():
+            name = key.key
+        if name is None:
+            parts.append(jtu.keystr((key,)))
+        else:
+            parts.append(f".{name}" if parts else name)
+    return "".join(parts) or "the root"
+
+
+def _describe(shape: tuple, dtype: Any) -> str:
+    return f"shape {shape_str(shape)} and dtype {np.dtype(dtype).name}"
 
 
 def load_checkpoint(path: str | Path, like: PyTree) -> PyTree:
     """Read a checkpoint written by [`save_checkpoint`][energyattn.models.save_checkpoint] into
-    a pytree with the structure, shapes and dtypes of `like`."""
-    return eqx.tree_deserialise_leaves(Path(path), like)
+    a pytree with the structure, shapes and dtypes of `like`.
+
+    Every leaf is checked against `like` before anything is accepted.
+
+    **Raises:**
+
+    - `ValueError` naming `path` and the first field (its pytree path, e.g.
+      `model.transformer.w_query`) whose shape or dtype differs, when the checkpoint was
+      written for another configuration;
+    - `ValueError` saying the checkpoint is truncated or not a checkpoint, when the file ends
+      early or holds something else;
+    - `FileNotFoundError` when there is no file.
+    """
+    path = Path(path)
+    flat, treedef = jtu.tree_flatten_with_path(like)
+    leaves = []
+    with open(path, "rb") as file:
+        for index, (keypath, leaf) in enumerate(flat):
+            if not eqx.is_array_like(leaf):
+                leaves.append(leaf)  # not stored (the serialiser skips it)
+                continue
+            name = _leaf_name(keypath)
+            try:
+                stored = np.load(file, allow_pickle=False)
+                if not isinstance(stored, np.ndarray):
+                    raise ValueError("found an npz archive, not an array")
+            except (ValueError, EOFError, OSError) as error:
+                raise ValueError(
+                    f"checkpoint {str(path)!r} is truncated or not a checkpoint: reading "
+                    f"{name} (array {index + 1} of {len(flat)}) failed ({error})"
+                ) from None
+            want = leaf if isinstance(leaf, (jax.Array, np.ndarray)) else np.asarray(leaf)
+            if stored.dtype.kind == "V" and stored.dtype.itemsize == want.dtype.itemsize:
+                stored = stored.view(want.dtype)  # bfloat16 is stored as raw bytes
+            # A Python scalar's dtype depends on the platform; only its kind must match.
+            same_dtype = (
+                stored.dtype == want.dtype if want is leaf else stored.dtype.kind == want.dtype.kind
+            )
+            if stored.shape != want.shape or not same_dtype:
+                raise ValueError(
+                    f"checkpoint {str(path)!r} does not fit this model: {name} has "
+                    f"{_describe(stored.shape, stored.dtype)} in the checkpoint but "
+                    f"{_describe(want.shape, want.dtype)} here; it was written for another "
+                    "configuration (pass another checkpoint path, or delete it, to start afresh)"
+                )
+            if isinstance(leaf, jax.Array):
+                leaves.append(jnp.asarray(stored))
+            elif isinstance(leaf, np.ndarray):
+                leaves.append(stored)
+            else:  # a Python or NumPy scalar
+                leaves.append(type(leaf)(stored.item()))
+        if file.read(1):
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not fit this model: it holds more arrays than "
+                f"the {len(flat)} expected; it was written for another configuration (pass "
+                "another checkpoint path, or delete it, to start afresh)"
+            )
+    return jtu.tree_unflatten(treedef, leaves)
 
 
 class TrainResult(eqx.Module):
@@ -136,25 +235,14 @@ def _inpainting_loss(
 
 
 @eqx.filter_jit
-def _train_step(
-    params: PyTree,
-    static: PyTree,
-    opt_state: PyTree,
-    step_key: PRNGKeyArray,
-    data: Any,
-    optimizer: optax.GradientTransformation,
-    loss_fn: Callable,
-    config: tuple,
-    project: Callable | None = None,
-) -> tuple[PyTree, PyTree, Array]:
-    # Module-level and keyed on hashable arguments (a module-level `loss_fn` and `project`, a
-    # cached optimiser, a tuple of numbers), so repeated training calls reuse one compilation.
-    loss, grads = jax.value_and_grad(loss_fn)(params, static, step_key, data, config)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    if project is not None:
-        params = project(params, static)
-    return params, opt_state, loss
+def _all_finite(tree: PyTree) -> Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array))]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+# Without a callback (which reads every loss anyway), the losses are checked for NaN or inf
+# every this many steps, so the loop rarely waits for the device.
+_CHECK_EVERY = 10
 
 
 def fit(
@@ -180,7 +268,15 @@ def fit(
     `loss_fn(params, static, step_key, data, config)` is a module-level function giving the
     loss of one step's batch, `config` a tuple of Python numbers. `project(params, static)`,
     also module-level, maps the parameters back onto their constraint set after every
-    optimiser step (projected gradient descent)."""
+    optimiser step (projected gradient descent). Each step is `energyattn._train.train_step`.
+
+    The checkpoint path is checked before anything else (`OSError` naming it). The losses are
+    checked for NaN or inf every few steps, before every checkpoint and at the end: the first
+    non-finite loss raises `FloatingPointError` naming its step, and a checkpoint is never
+    overwritten by a diverged state.
+    """
+    if checkpoint is not None:
+        checkpoint = check_output_file(checkpoint, what="checkpoint")
     num_steps = positive_int("num_steps", num_steps)
     checkpoint_every = positive_int("checkpoint_every", checkpoint_every)
     optimizer = make_optimizer(
@@ -193,37 +289,85 @@ def fit(
     params, static = eqx.partition(model, eqx.is_inexact_array)
     opt_state = optimizer.init(params)
     start = 0
-    if checkpoint is not None and Path(checkpoint).exists():
-        params, opt_state, saved_step = load_checkpoint(
-            checkpoint, (params, opt_state, jnp.zeros((), jnp.int32))
+    if checkpoint is not None and checkpoint.exists():
+        saved = load_checkpoint(
+            checkpoint,
+            {"model": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)},
         )
-        start = int(saved_step)
+        params, opt_state, start = saved["model"], saved["opt_state"], int(saved["step"])
+
+    losses: list[Array] = []
+    checked = 0  # losses[:checked] are known to be finite
+    saved_step = start if checkpoint is not None and checkpoint.exists() else None
+
+    def diverged(step: int, what: str) -> FloatingPointError:
+        kept = (
+            ""
+            if saved_step is None
+            else f"; the checkpoint {str(checkpoint)!r} keeps the last finite state (step "
+            f"{saved_step})"
+        )
+        return FloatingPointError(
+            f"training diverged at step {step} of {num_steps}: {what}; lower the learning "
+            f"rate (learning_rate={learning_rate}) or the model's step size{kept}"
+        )
+
+    def verify(step: int, *, parameters: bool) -> None:
+        # Raise if a loss since the last check (or, with `parameters`, a parameter after
+        # `step` steps) is not finite.
+        nonlocal checked
+        for index in range(checked, len(losses)):
+            try:
+                value = float(losses[index])
+            except eqx.EquinoxRuntimeError as error:  # raised late (asynchronously)
+                message = str(error).strip().splitlines()[0]
+                raise diverged(start + index + 1, f"the model failed: {message}") from error
+            if not math.isfinite(value):
+                raise diverged(start + index + 1, f"the loss is {value}")
+        checked = len(losses)
+        if parameters and not bool(_all_finite(params)):
+            raise diverged(step, "its update made the parameters NaN or inf")
 
     def save(step: int) -> None:
+        nonlocal saved_step
         if checkpoint is not None:
-            save_checkpoint(checkpoint, (params, opt_state, jnp.asarray(step, jnp.int32)))
+            verify(step, parameters=True)
+            state = {"model": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+            save_checkpoint(checkpoint, state)
+            saved_step = step
 
     began = time.perf_counter()
     bar = _progress(num_steps, start, progress)
-    losses: list[Array] = []
     step = start
     try:
         while step < num_steps:
             if time_limit is not None and time.perf_counter() - began > time_limit:
                 break
-            params, opt_state, loss = _train_step(
-                params,
-                static,
-                opt_state,
-                jr.fold_in(key, step),
-                data,
-                optimizer,
-                loss_fn,
-                config,
-                project,
-            )
+            try:
+                params, opt_state, loss = train_step(
+                    loss_fn,
+                    optimizer,
+                    params,
+                    static,
+                    opt_state,
+                    jr.fold_in(key, step),
+                    data,
+                    config,
+                    project=project,
+                )
+            except eqx.EquinoxRuntimeError as error:
+                # A check inside the model ("x contains NaN") failed. After an update, that
+                # is divergence: name the step that made the parameters non-finite.
+                if step > start:
+                    try:
+                        verify(step, parameters=True)
+                    except FloatingPointError as divergence:
+                        raise divergence from error
+                raise
             losses.append(loss)
             step += 1
+            if callback is not None or (step - start) % _CHECK_EVERY == 0:
+                verify(step, parameters=False)
             if bar is not None:
                 bar.update(1)
                 if step % 10 == 0:
@@ -236,13 +380,10 @@ def fit(
         if bar is not None:
             bar.close()
     done = step
-    save(done)
+    if checkpoint is None:
+        verify(done, parameters=True)
+    save(done)  # verifies first
     history = jnp.stack(losses) if losses else jnp.zeros((0,))
-    if not bool(jnp.all(jnp.isfinite(history))):
-        raise FloatingPointError(
-            "training diverged: the loss became NaN or inf; lower the learning rate (or the "
-            "model's step size)"
-        )
     return TrainResult(
         model=eqx.combine(params, static), losses=history, step=done, finished=done == num_steps
     )
@@ -283,13 +424,16 @@ def train_inpainting(
     - `model`: the initial model.
     - `images`: training images, shape `(n, channels, height, width)`.
     - `key`: a JAX PRNG key (batches and masks).
-    - `num_steps`: total optimisation steps (the schedule's length).
+    - `num_steps`: total optimisation steps (the schedule's length); any number `>= 1`.
     - `num_masked`: patches masked per image.
     - `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`, `clip_norm`: the
       optimisation settings.
     - `checkpoint`: optional file; if it exists, training resumes from it (the model passed
-      in only supplies the structure), and it is rewritten every `checkpoint_every` steps and
-      at the end.
+      in only supplies the structure), and it is rewritten (atomically) every
+      `checkpoint_every` steps and at the end. The path is checked before training starts:
+      its folder must exist and be writable, else an `OSError` naming it. A checkpoint of
+      another configuration, or a damaged one, raises a `ValueError` naming the path and the
+      first field that differs (see [`load_checkpoint`][energyattn.models.load_checkpoint]).
     - `time_limit`: optional wall-clock budget in seconds (compilation included); training
       stops early (with a checkpoint) when it is spent.
     - `progress`: show a progress bar (needs tqdm, in the `examples` extra).
@@ -299,6 +443,12 @@ def train_inpainting(
     **Returns:**
 
     A [`TrainResult`][energyattn.models.TrainResult].
+
+    **Raises:**
+
+    `FloatingPointError` naming the step when training diverges (a NaN or infinite loss, or
+    parameters); the losses are checked every few steps, before every checkpoint and at the
+    end, so a checkpoint always holds the last finite state.
     """
     images = jnp.asarray(images)
     if images.ndim != 4 or images.shape[1:] != model.image_shape:
