@@ -1,5 +1,6 @@
 """`energyattn attractor`: self-attention as an attractor network on shipped digits, against
-the paper's backpropagation-trained baselines."""
+its own untrained initialisation, a trivial baseline and the paper's backpropagation-trained
+baselines."""
 
 import json
 import time
@@ -7,11 +8,48 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+from jaxtyping import Array
 
 TASK_TITLES = {"masked": "masked prediction (30% of patches)", "denoise": "denoising (var 0.7)"}
+TRAINED = "bare self-attention (attractor)"
+UNTRAINED = "bare self-attention (untrained)"
+# The trivial baseline of each task: no model, only the mean training image.
+TRIVIAL = {"masked": "mean training patch (trivial)", "denoise": "mean training image (trivial)"}
+
+
+class _MeanImage(eqx.Module):
+    """The trivial reconstruction: masked patches filled with the mean training pixels at
+    their position (the rest of the input kept), or, with `replace_all`, the mean training
+    image whatever the input (denoising). Constant in $t$; follows the `Reconstructor`
+    protocol of `reconstruction_curves`, so it sees the same corruptions as the models."""
+
+    mean: Array
+    patch_size: int = eqx.field(static=True)
+    replace_all: bool = eqx.field(static=True)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.mean.shape)  # type: ignore[return-value]
+
+    def reconstruct(self, corrupted: Array, patch_mask: Array, num_steps: int) -> Array:
+        from .data import patchify, unpatchify
+
+        mean = self.mean.astype(corrupted.dtype)
+        if self.replace_all:
+            prediction = mean
+        else:
+            masked = jnp.broadcast_to(
+                patch_mask[:, None], patchify(corrupted, self.patch_size).shape
+            )
+            masked = unpatchify(masked, corrupted.shape, self.patch_size)
+            prediction = jnp.where(masked, mean, corrupted)
+        return jnp.concatenate(
+            [corrupted[None], jnp.broadcast_to(prediction, (num_steps, *corrupted.shape))]
+        )
 
 
 def _summary(curve: np.ndarray) -> dict[str, Any]:
@@ -24,6 +62,41 @@ def _summary(curve: np.ndarray) -> dict[str, Any]:
         "final": float(curve[-1]),
         "curve": [float(v) for v in curve],
     }
+
+
+def _percent_below(value: float, reference: float) -> float:
+    """How far `value` is below `reference`, in percent of `reference` (negative: above)."""
+    return 100.0 * (1.0 - value / reference)
+
+
+def _relative(percent_below: float) -> str:
+    return f"{abs(percent_below):.0f}% {'below' if percent_below >= 0 else 'above'}"
+
+
+def _controls(task: str, task_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The trained attractor's best error against its untrained initialisation and the trivial
+    baseline, on each measure (the masked task: whole image and masked patches only)."""
+    measures = {"image": lambda summary: summary}
+    if task == "masked":
+        measures["masked_region"] = lambda summary: summary["masked_region"]
+    controls: dict[str, Any] = {}
+    for measure, pick in measures.items():
+        trained = pick(task_metrics[TRAINED])
+        untrained = pick(task_metrics[UNTRAINED])["best"]
+        trivial = pick(task_metrics[TRIVIAL[task]])["best"]
+        curve = np.asarray(trained["curve"])
+        controls[measure] = {
+            "trained_best": trained["best"],
+            "untrained_best": untrained,
+            "trivial": trivial,
+            "percent_below_untrained": _percent_below(trained["best"], untrained),
+            "percent_below_trivial": _percent_below(trained["best"], trivial),
+            # A transient memory: the error falls below the corrupted input, then rises again.
+            "transient": bool(
+                trained["best"] < curve[0] and curve[-1] > trained["best"] * (1 + 1e-3)
+            ),
+        }
+    return controls
 
 
 def run_attractor_demo(
@@ -39,18 +112,26 @@ def run_attractor_demo(
     progress: Callable[[str], None] = print,
     progress_bar: bool = True,
 ) -> dict[str, Any]:
-    """Train the attractor network (pseudo-likelihood, task-agnostic) and, per task, the
+    r"""Train the attractor network (pseudo-likelihood, task-agnostic) and, per task, the
     recycled transformer block and the 5-layer vision transformer (backpropagation); measure
-    the test MSE against the iteration $t$ for both tasks.
+    the test MSE against the iteration $t$ for both tasks, next to two controls of the same
+    run: the attractor network at its initialisation (the same model before training,
+    `"bare self-attention (untrained)"`) and a trivial baseline that uses no model (masked
+    prediction: each masked patch filled with the mean training patch at its position;
+    denoising: the mean training image).
 
     Writes `metrics.json`, `mse_vs_iteration.png`, `reconstructions_<task>.png` and
     `couplings.png` into `out`.
-    `tasks` picks the tasks, `baselines=False` skips the baselines (the attractor network
-    alone takes seconds; each baseline minutes on a CPU core).
+    `tasks` picks the tasks, `baselines=False` skips the backpropagation baselines (the
+    attractor network and the controls alone take seconds; each baseline minutes on a CPU
+    core).
 
     **Returns:**
 
-    The metrics (per task and model: the curve, its minimum and where it is).
+    The metrics: per task and model the curve over $t = 0..T$ (whole-image MSE; for masked
+    prediction also `"masked_region"`, the MSE over the masked patches only), its minimum
+    over $t \ge 1$ and where it is; and under `"controls"`, per task and measure, the trained
+    attractor's best error against the untrained one and the trivial baseline.
     """
     from . import viz
     from .data import load_digits
@@ -74,14 +155,15 @@ def run_attractor_demo(
     metrics: dict[str, Any] = {"patch_size": patch_size, "seed": seed, "tasks": {}}
 
     began = time.perf_counter()
-    attractor = AttractorImageModel(
+    untrained = AttractorImageModel(
         patch_size=patch_size, num_steps=num_iterations, key=jr.PRNGKey(seed), dtype=jnp.float32
     )
     result = train_attractor(
-        attractor, train, key=jr.PRNGKey(seed + 1), num_steps=train_steps, progress=progress_bar
+        untrained, train, key=jr.PRNGKey(seed + 1), num_steps=train_steps, progress=progress_bar
     )
     attractor = result.model
     metrics["attractor_train_seconds"] = time.perf_counter() - began
+    metrics["attractor_train_steps"] = train_steps
     progress(
         f"attractor network: {train_steps} pseudo-likelihood steps in "
         f"{metrics['attractor_train_seconds']:.1f} s (final loss {float(result.losses[-1]):.3f})"
@@ -99,11 +181,18 @@ def run_attractor_demo(
         title="learnt couplings between patches (pseudo-likelihood)",
     )
 
+    mean_image = jnp.asarray(train.mean(axis=0))
     curves: dict[str, dict[str, np.ndarray]] = {}
     examples: dict[str, dict[str, np.ndarray]] = {}
+    metrics["controls"] = {}
     for task in tasks:
         task_metrics: dict[str, Any] = {}
-        models = {"bare self-attention (attractor)": (attractor, num_iterations)}
+        # name -> (model, iterations); iterations 1: a model that is not iterated.
+        models: dict[str, tuple[Any, int]] = {
+            TRAINED: (attractor, num_iterations),
+            UNTRAINED: (untrained, num_iterations),
+            TRIVIAL[task]: (_MeanImage(mean_image, patch_size, task == "denoise"), 1),
+        }
         baseline_specs = (
             ("recycled transformer block", 1, 3, 7),
             ("5-layer ViT", 5, 1, 1),
@@ -137,19 +226,40 @@ def run_attractor_demo(
             if task == "masked":
                 summary["masked_region"] = _summary(result_curves["masked_mse"])
             task_metrics[name] = summary
-            # t = 0 is the corrupted input; the ViT is not iterated: a horizontal line.
+            # t = 0 is the corrupted input; the ViT and the trivial baseline are not iterated:
+            # horizontal lines.
             panel[name] = curve if steps > 1 else curve[1:2]
             states = result_curves["examples"]  # (8, T+1, c, h, w)
             rows.setdefault("clean", test[:8, 0])
             rows.setdefault("corrupted", states[:, 0, 0])
-            rows[f"{name} (t={summary['best_t']})"] = states[:, summary["best_t"], 0]
             if steps > 1:
-                rows[f"{name} (t={steps})"] = states[:, -1, 0]
-            progress(
+                rows[f"{name} (t={summary['best_t']})"] = states[:, summary["best_t"], 0]
+                if name != UNTRAINED:
+                    rows[f"{name} (t={steps})"] = states[:, -1, 0]
+            else:
+                rows[name] = states[:, 1, 0]
+            line = (
                 f"{task}: {name}: MSE {summary['t0']:.4f} at t=0, best {summary['best']:.4f} "
                 f"at t={summary['best_t']}, {summary['final']:.4f} at t={steps}"
             )
+            if task == "masked":
+                region = summary["masked_region"]
+                line += (
+                    f"; masked patches {region['t0']:.4f} at t=0, best {region['best']:.4f} at "
+                    f"t={region['best_t']}, {region['final']:.4f} at t={steps}"
+                )
+            progress(line)
         metrics["tasks"][task] = task_metrics
+        metrics["controls"][task] = _controls(task, task_metrics)
+        for measure, control in metrics["controls"][task].items():
+            progress(
+                f"{task} ({measure.replace('_', ' ')}): trained attractor best "
+                f"{control['trained_best']:.4f}, "
+                f"{_relative(control['percent_below_untrained'])} untrained "
+                f"({control['untrained_best']:.4f}), "
+                f"{_relative(control['percent_below_trivial'])} the trivial baseline "
+                f"({control['trivial']:.4f})"
+            )
         curves[task] = panel
         examples[task] = rows
         viz.image_grid(

@@ -432,7 +432,12 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
         assert main([*base, "--out", str(out), *extra]) == 0
         printed = capsys.readouterr().out
         models = json.loads((out / "metrics.json").read_text())["tasks"][task]
-        expected = {"bare self-attention (attractor)"}
+        expected = {"bare self-attention (attractor)", "bare self-attention (untrained)"}
+        expected.add(
+            "mean training image (trivial)"
+            if task == "denoise"
+            else "mean training patch (trivial)"
+        )
         if task == "denoise":
             expected |= {"recycled transformer block", "5-layer ViT"}
             assert len(models["5-layer ViT"]["curve"]) == 2
@@ -448,6 +453,61 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["attractor", "--patch-size", "3", "--out", str(tmp_path)])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
+    # The controls of issue 18: the same attractor network before training and a baseline
+    # without a model, per task, in the same run and the same metrics.json.
+    from energyattn._attractor_demo import TRAINED, TRIVIAL, UNTRAINED, run_attractor_demo
+
+    said = []
+    metrics = run_attractor_demo(
+        tmp_path,
+        train_steps=2,
+        num_iterations=2,
+        baselines=False,
+        progress=said.append,
+        progress_bar=False,
+    )
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    train = np.asarray(load_digits("train").images, np.float32)[:, None]
+    test = np.asarray(load_digits("test").images, np.float32)[:, None]
+    mean = train.mean(axis=0)
+    for task in ("masked", "denoise"):
+        models = metrics["tasks"][task]
+        assert set(models) == {TRAINED, UNTRAINED, TRIVIAL[task]}
+        assert len(models[UNTRAINED]["curve"]) == len(models[TRAINED]["curve"]) == 3
+        # Same corruptions for every model: the same error at t = 0.
+        t0 = [models[name]["t0"] for name in models]
+        np.testing.assert_allclose(t0, t0[0], rtol=1e-6)
+        trivial = models[TRIVIAL[task]]
+        assert len(trivial["curve"]) == 2
+        controls = metrics["controls"][task]
+        assert set(controls) == ({"image", "masked_region"} if task == "masked" else {"image"})
+        for control in controls.values():
+            expected = 100 * (1 - control["trained_best"] / control["untrained_best"])
+            np.testing.assert_allclose(control["percent_below_untrained"], expected)
+        assert any(f"{task} (image): trained attractor best" in line for line in said)
+    # Denoising's trivial baseline is the mean training image, whatever the input.
+    np.testing.assert_allclose(
+        metrics["tasks"]["denoise"][TRIVIAL["denoise"]]["best"],
+        np.mean((test - mean) ** 2),
+        rtol=1e-5,
+    )
+    # Masked prediction's fills the masked patches with the mean training pixels there: on
+    # the masked patches its error is that of the mean image, elsewhere zero.
+    key = jr.PRNGKey(100)  # the demo's evaluation key for seed 0
+    masks = jax.vmap(
+        lambda image, i: corrupt_image(image, "masked", patch_size=2, key=jr.fold_in(key, i))[1]
+    )(jnp.asarray(test), jnp.arange(len(test)))
+    pixel_masks = np.asarray(masks).reshape(-1, 4, 4)
+    pixel_masks = np.repeat(np.repeat(pixel_masks, 2, axis=1), 2, axis=2)[:, None]
+    errors = (test - mean) ** 2 * pixel_masks
+    trivial = metrics["tasks"]["masked"][TRIVIAL["masked"]]
+    np.testing.assert_allclose(trivial["best"], errors.mean(), rtol=1e-5)
+    np.testing.assert_allclose(
+        trivial["masked_region"]["best"], errors.sum() / pixel_masks.sum(), rtol=1e-5
+    )
 
 
 def test_plot_curves(tmp_path):
