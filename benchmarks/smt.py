@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
-from energyattn._cli import _avoid_xla_cpu_ynn_fusions  # noqa: E402
+from energyattn._cli.common import avoid_xla_cpu_ynn_fusions as _avoid_xla_cpu_ynn_fusions  # noqa: E402
 
 # Before JAX starts its CPU backend: XLA's YNN fusions miscompile this layer on CPU (NaN
 # steady states at 65 tokens; see the README), so both contenders run without them.

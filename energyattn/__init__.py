@@ -4,7 +4,7 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 `energyattn.data.*`.
 """
 
-import importlib.metadata
+from importlib import metadata as _metadata
 
 from . import (
     data as data,
@@ -96,6 +96,6 @@ from ._solver import (
 )
 
 try:
-    __version__ = importlib.metadata.version("energyattn")
-except importlib.metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = _metadata.version("energyattn")
+except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"

@@ -29,7 +29,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # the user set any of these, or if this JAX does not know them (an unknown XLA flag aborts the
 # process), which one short subprocess checks.
 # The third flag turns XNNPACK's YNN fusions off: XLA can compile them into kernels that
-# compute wrong values, differently at each compilation (see `energyattn/_cli.py`).
+# compute wrong values, differently at each compilation (see `energyattn/_cli/common.py`).
 FAST_COMPILE_FLAGS = (
     "--xla_cpu_use_fusion_emitters=false",
     "--xla_backend_optimization_level=1",

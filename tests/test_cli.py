@@ -2,16 +2,18 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from energyattn import viz
 from energyattn._cli import main
-from energyattn._demo import run_demo
-from energyattn._hopfield_demo import run_hopfield_demo
+from energyattn._cli.demo import run_demo
+from energyattn._cli.hopfield import run_hopfield_demo
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
@@ -40,9 +42,11 @@ def _check_outputs(out_dir, num_patterns=10):
 
 
 def _check_printed(text):
-    assert "retrieval accuracy (classical):" in text
-    assert "retrieval accuracy (modern):" in text
+    assert "retrieval accuracy" in text and "classical Hopfield" in text
+    assert "modern Hopfield" in text
     assert "criterion:" in text and "pixel agreement" in text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == len(set(lines)), "a line is printed twice"
 
 
 def test_hopfield_demo_in_process(tmp_path, capsys):
@@ -144,7 +148,8 @@ def test_help(capsys):
 
 def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
     out = tmp_path / "demo"
-    argv = ["demo", "--out", str(out), "--train-steps", "2", "--batch-size", "8", "--no-progress"]
+    # One step: the shortest run works (its learning-rate schedule has no room to decay).
+    argv = ["demo", "--out", str(out), "--train-steps", "1", "--batch-size", "8", "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "test masked-patch MSE (Energy Transformer):" in printed
@@ -153,7 +158,11 @@ def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
         image = matplotlib_image.imread(out / name)
         assert image.ndim == 3 and image.std() > 0.05
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train_steps_done"] == 2 and metrics["num_masked"] == 4
+    assert metrics["train_steps_done"] == 1 and metrics["num_masked"] == 4
+    assert metrics["stopped_by_time_limit"] is False and "stopped after" not in printed
+    lines = [line for line in printed.splitlines() if line.strip()]
+    assert len(lines) == len(set(lines)), "a line is printed twice"
+    assert not list(out.glob(".*partial*")), "a temporary file was left behind"
     test = metrics["test"]
     assert test["baseline_mse"] > 0 and test["ratio"] == pytest.approx(
         test["mse"] / test["baseline_mse"]
@@ -194,6 +203,62 @@ def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
     assert match in err and "Traceback" not in err
 
 
+COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "attractor")
+COMMANDS += ("landscape", "sweep", "bench")
+
+
+def _subparsers():
+    import argparse
+
+    from energyattn._cli.app import parser
+
+    top = parser()
+    (action,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices
+
+
+def test_help_shows_each_default_once_and_no_escaped_percent(capsys):
+    subparsers = _subparsers()
+    assert set(subparsers) == set(COMMANDS)
+    for name, sub in subparsers.items():
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert "%%" not in text, name
+        assert f"(default:energyattn-out/{name})" in "".join(text.split()), name
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.nargs == 0:  # --help and on/off flags
+                continue
+            shown = formatter._expand_help(action) if action.help else ""
+            assert shown.count("default") == 1, (name, action.option_strings, shown)
+
+
+@pytest.mark.parametrize("command", ["demo", "classify", "attractor"])
+def test_bad_output_folder_fails_at_once(tmp_path, capsys, command):
+    """Before any data, compilation or training: one line naming the path, status 1."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out in (a_file, a_file / "below", pathlib.Path("/proc/energyattn-out")):
+        began = time.perf_counter()
+        assert main([command, "--out", str(out), "--train-steps", "1"]) == 1
+        assert time.perf_counter() - began < 1.0
+        err = capsys.readouterr().err
+        assert err.startswith(f"energyattn {command}: error: ") and str(out) in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert a_file.read_text() == ""
+
+
+def test_time_limit_note():
+    from energyattn._cli.common import time_limit_note
+
+    assert (
+        time_limit_note(1412, 2000, 150.0) == "stopped after 1412 of 2000 steps: 150 s time limit"
+    )
+    assert time_limit_note(2000, 2000, 150.0) is None
+    assert time_limit_note(10, 2000, None) is None
+
+
 # ---------------------------------------------------------------- viz
 
 
@@ -218,6 +283,27 @@ def test_viz_bad_input(tmp_path):
         viz.image_grid({}, tmp_path / "x.png")
     with pytest.raises(ValueError, match=r"curves\['c'\] must have shape \(steps\)"):
         viz.plot_energies({"c": np.zeros((2, 3))}, tmp_path / "x.png")
+
+
+def test_image_grid_draws_nan_pixels_in_a_colour(tmp_path):
+    image = np.zeros((1, 4, 4))
+    image[0, :2, :2] = np.nan  # a hidden patch
+    path = viz.image_grid({"masked": image}, tmp_path / "m.png", vmin=0.0, vmax=1.0)
+    pixels = matplotlib_image.imread(path)[..., :3]
+    reddish = (pixels[..., 0] > 0.8) & (pixels[..., 1] < 0.3) & (pixels[..., 2] < 0.3)
+    assert reddish.any()  # the hidden patch is red, not black on black
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_plot_couplings_draws_only_the_strongest_edges(tmp_path):
+    J = np.zeros((6, 6))
+    J[0, 1] = J[1, 0] = 1.0  # one strong pair among weak ones
+    J[2:, 2:] = 0.01
+    np.fill_diagonal(J, 0.0)
+    path = viz.plot_couplings(J, tmp_path / "c.png", threshold=0.0, top_k=1)
+    assert matplotlib_image.imread(path).ndim == 3
+    with pytest.raises(ValueError, match="top_k"):
+        viz.plot_couplings(J, tmp_path / "c.png", top_k=0)
 
 
 def test_viz_without_matplotlib(tmp_path, monkeypatch):

@@ -130,11 +130,11 @@ def test_bench_command_runs_the_benchmark_entry_point(tmp_path):
 
 
 def test_bench_command_finds_the_benchmarks(tmp_path, monkeypatch, capsys):
-    from energyattn._cli import _find_benchmarks
+    from energyattn._cli.bench import find_benchmarks
 
-    assert _find_benchmarks(str(ROOT / "benchmarks")) == ROOT / "benchmarks"
+    assert find_benchmarks(str(ROOT / "benchmarks")) == ROOT / "benchmarks"
     monkeypatch.chdir(ROOT)
-    assert (_find_benchmarks(None) / "run.py").samefile(ROOT / "benchmarks" / "run.py")
+    assert (find_benchmarks(None) / "run.py").samefile(ROOT / "benchmarks" / "run.py")
     assert main(["bench", "--benchmarks", str(tmp_path / "nowhere"), "--quick"]) == 1
     assert "no benchmarks/run.py found" in capsys.readouterr().err
 

@@ -10,7 +10,7 @@ the same corrupted copies:
   whose gradient step of size 1 is $\xi \leftarrow X^\top \mathrm{softmax}(\beta X \xi)$.
 """
 
-import json
+import argparse
 import pathlib
 import time
 from collections.abc import Callable
@@ -23,6 +23,116 @@ import numpy as np
 from jaxtyping import ArrayLike, Float, Int
 
 import energyattn as ea
+
+from .common import POSITIVE, add_command, check_out, int_at_least, number, run, say, write_metrics
+
+
+def add_parser(commands: Any) -> None:
+    parser = add_command(
+        commands,
+        "hopfield",
+        help="store shipped digits in classical and modern Hopfield networks and retrieve them",
+        description=(
+            "Store binarised 8x8 digits (shipped with scikit-learn) in a classical Hopfield "
+            "network (Hebbian weights, asynchronous sign updates) and in a modern continuous "
+            "Hopfield network (log-sum-exp energy; one gradient step of size 1 is "
+            "xi <- X^T softmax(beta X xi)); corrupt them by flipping pixels, retrieve, and report "
+            "retrieval accuracy. A probe counts as retrieved when the final state overlaps "
+            "most with its original digit and its signs match it on >= 95% of the pixels. "
+            "Writes retrieval.png, energies.png and metrics.json into --out. "
+            "Needs the extras: pip install '.[examples]' in a checkout."
+        ),
+    )
+    parser.add_argument(
+        "--patterns",
+        type=int_at_least(1),
+        default=30,
+        metavar="N",
+        help="number of stored digits, taken class by class in turn (load N/64)",
+    )
+    parser.add_argument(
+        "--corruption",
+        type=number(lambda v: 0 <= v <= 1, "in [0, 1]"),
+        default=0.2,
+        metavar="FRAC",
+        help="fraction of the 64 pixels flipped in each probe",
+    )
+    parser.add_argument(
+        "--probes", type=int_at_least(1), default=10, metavar="R", help="corrupted probes per digit"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int_at_least(0),
+        default=3,
+        metavar="T",
+        help="gradient steps (size 1) of the modern Hopfield network",
+    )
+    parser.add_argument(
+        "--sweeps",
+        type=int_at_least(0),
+        default=5,
+        metavar="S",
+        help="asynchronous sweeps of the classical Hopfield network",
+    )
+    parser.add_argument(
+        "--beta", type=POSITIVE, default=0.5, help="inverse temperature of the modern network"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the corruptions and sweeps")
+    parser.set_defaults(run=lambda args: main(args, parser))
+
+
+def _print_table(metrics: dict) -> None:
+    results = metrics["results"]
+    rows = [
+        ("corrupted probes (no retrieval)", results["corrupted"]),
+        (f"classical Hopfield ({metrics['num_sweeps']} sweeps)", results["classical"]),
+        (
+            f"modern Hopfield ({metrics['num_steps']} steps, beta={metrics['beta']:g})",
+            results["modern"],
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    header = f"{'model':<{width}}  retrieval accuracy  pixel agreement  on a stored pattern"
+    print()
+    print(header)
+    print("-" * len(header))
+    for name, scores in rows:
+        print(
+            f"{name:<{width}}  {scores['accuracy']:>18.3f}  {scores['pixel_agreement']:>15.3f}"
+            f"  {scores['on_stored_pattern']:>19.3f}"
+        )
+    print()
+    print(f"criterion: {metrics['criterion']}.")
+    print("pixel agreement: mean fraction of pixels whose sign matches the original digit.")
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`energyattn hopfield`: run `run_hopfield_demo`, print the table of scores."""
+    start = time.perf_counter()
+    print(
+        f"energyattn hopfield: {args.patterns} digits, {args.probes} probes each, "
+        f"{args.corruption:.0%} of pixels flipped, seed {args.seed}"
+    )
+    metrics = run(
+        "hopfield",
+        parser,
+        run_hopfield_demo,
+        args.out,
+        num_patterns=args.patterns,
+        corruption=args.corruption,
+        probes_per_pattern=args.probes,
+        num_steps=args.steps,
+        num_sweeps=args.sweeps,
+        beta=args.beta,
+        seed=args.seed,
+        progress=say,
+    )
+    if metrics is None:
+        return 1
+    _print_table(metrics)
+    print(f"done in {time.perf_counter() - start:.1f} s; files in {args.out}")
+    return 0
+
 
 #: A probe counts as retrieved when its sign pattern matches the original on this fraction.
 MATCH_THRESHOLD = 0.95
@@ -82,7 +192,7 @@ def retrieval_scores(
 
 
 def run_hopfield_demo(
-    out_dir: str | pathlib.Path = "energyattn-demo",
+    out_dir: str | pathlib.Path = "energyattn-out/hopfield",
     *,
     num_patterns: int = 30,
     corruption: float = 0.2,
@@ -114,8 +224,9 @@ def run_hopfield_demo(
     in ten; its misses end near another stored digit. Below $\beta \approx 0.1$ the modern
     network's fixed points become averages of many digits and it stops retrieving.
 
-    Writes into `out_dir` (created if needed): `retrieval.png` (rows stored, corrupted,
-    classical, modern), `energies.png` (mean energy per sweep / step) and `metrics.json`.
+    Writes into `out_dir` (created if needed, and checked first): `retrieval.png` (rows
+    stored, corrupted, classical, modern), `energies.png` (mean energy per sweep / step)
+    and `metrics.json`.
 
     **Arguments:**
 
@@ -151,6 +262,7 @@ def run_hopfield_demo(
     if not 0.0 <= corruption <= 1.0:
         raise ValueError(f"corruption must be in [0, 1], got {corruption!r}")
     say = progress if progress is not None else (lambda line: None)
+    out = check_out(out_dir)
     start = time.perf_counter()
 
     patterns_np, labels = stored_digits(num_patterns)
@@ -200,8 +312,6 @@ def run_hopfield_demo(
     results["classical"]["mean_energy"] = classical_energy.tolist()
     results["modern"]["mean_energy"] = modern_energy.tolist()
 
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     # One column per stored digit (the first ones cover every class), its first probe.
     shown = np.arange(min(num_examples, num_patterns)) * probes_per_pattern
     as_images = lambda states: np.asarray(states)[shown].reshape(-1, 8, 8)  # noqa: E731
@@ -248,6 +358,6 @@ def run_hopfield_demo(
         "files": {name: str(path) for name, path in files.items()},
         "seconds": time.perf_counter() - start,
     }
-    files["metrics"].write_text(json.dumps(metrics, indent=2) + "\n")
+    write_metrics(files["metrics"], metrics)
     say(f"wrote {', '.join(metrics['files'].values())}")
     return metrics

@@ -8,7 +8,7 @@ J)^{-1}H)$ and the inverse temperature $\beta$, solving the saddle point $t^*$ a
 reporting $\log Z$, the free energy and the magnetizations $m = \partial\log Z/\partial H$.
 """
 
-import json
+import argparse
 import pathlib
 import time
 from collections.abc import Callable, Sequence
@@ -21,8 +21,87 @@ import numpy as np
 
 import energyattn as ea
 
+from .common import POSITIVE, add_command, check_out, int_at_least, run, say, write_metrics
+
 #: Inverse temperatures swept by default (log-spaced, high to low temperature).
 DEFAULT_BETAS = tuple(float(b) for b in np.geomspace(0.05, 20.0, 13))
+
+
+def add_parser(commands: Any) -> None:
+    parser = add_command(
+        commands,
+        "sweep",
+        help="sweep the vector-spin model of AFEM: phi(t), inverse temperature, couplings",
+        description=(
+            "Build a vector-spin system from a VectorSpinAttention layer (couplings J, fields "
+            "H = LayerNorm(x)/sqrt(D) of inputs x ~ N(0, 1/D)), sweep the auxiliary variable t "
+            "of phi(t) and the inverse temperature beta, solve the saddle point t* (safeguarded "
+            "Newton) at each beta, and report t*, log Z, the free energy F = -log Z / beta and "
+            "the magnetizations m = d log Z / dH. Writes phi.png, beta_sweep.png, "
+            "landscape.png (two spins), couplings.png and metrics.json into --out. "
+            "Needs the extras: pip install '.[examples]' in a checkout."
+        ),
+    )
+    parser.add_argument(
+        "--spins", type=int_at_least(2), default=32, metavar="N", help="number of spins"
+    )
+    parser.add_argument(
+        "--dim", type=int_at_least(1), default=128, metavar="D", help="dimension of each spin"
+    )
+    parser.add_argument(
+        "--betas",
+        type=POSITIVE,
+        nargs="+",
+        default=None,
+        metavar="BETA",
+        help="inverse temperatures of the sweep (default: 13 values from 0.05 to 20, log-spaced)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=POSITIVE,
+        default=1.0,
+        help="inverse temperature of phi.png and landscape.png",
+    )
+    parser.add_argument(
+        "--input-dependent", action="store_true", help="couplings J(H) from query/key maps"
+    )
+    parser.add_argument(
+        "--grid", type=int_at_least(2), default=400, metavar="P", help="points of the t sweeps"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the layer and its inputs")
+    parser.set_defaults(run=lambda args: main(args, parser))
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`energyattn sweep`: run `run_sweep_demo`, print the table over beta."""
+    start = time.perf_counter()
+    print(f"energyattn sweep: vector-spin model, {args.spins} spins of dimension {args.dim}")
+    metrics = run(
+        "sweep",
+        parser,
+        run_sweep_demo,
+        args.out,
+        num_spins=args.spins,
+        dim=args.dim,
+        betas=args.betas or DEFAULT_BETAS,
+        beta=args.beta,
+        input_dependent=args.input_dependent,
+        num_points=args.grid,
+        seed=args.seed,
+        progress=say,
+    )
+    if metrics is None:
+        return 1
+    print()
+    print(f"{'beta':>9s} {'t* (mean)':>10s} {'Newton':>6s} {'log Z':>11s} {'F':>11s} {'|m|':>9s}")
+    for row in metrics["sweep"]:
+        print(
+            f"{row['beta']:9.4f} {row['t_star_mean']:10.4f} {row['newton_steps']:6d} "
+            f"{row['log_partition']:11.4f} {row['free_energy']:11.4f} "
+            f"{row['magnetization_norm']:9.4f}"
+        )
+    print(f"done in {time.perf_counter() - start:.1f} s; files in {args.out}")
+    return 0
 
 
 def run_sweep_demo(
@@ -54,7 +133,7 @@ def run_sweep_demo(
 
     The metrics written to `metrics.json`.
     """
-    from ._checks import positive_int
+    from .._checks import positive_int
 
     say = progress or (lambda line: None)
     num_spins = positive_int("num_spins", num_spins, minimum=2)
@@ -64,9 +143,8 @@ def run_sweep_demo(
         raise ValueError(f"betas must be a non-empty sequence of values > 0, got {betas!r}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
+    out = check_out(out_dir)
     start = time.perf_counter()
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     k_layer, k_x = jr.split(jr.key(seed))
     layer = ea.nn.VectorSpinAttention(
         num_spins, dim, beta, input_dependent=input_dependent, key=k_layer
@@ -95,6 +173,7 @@ def run_sweep_demo(
             "response": jnp.vdot(m, H) / jnp.vdot(H, H),
         }
 
+    say(f"solving the saddle point t* at {betas_.size} inverse temperatures")
     rows = []
     for b in betas_:
         result = jax.tree.map(np.asarray, solve(jnp.asarray(b, H.dtype)))
@@ -110,12 +189,6 @@ def run_sweep_demo(
                 "magnetization_norm": float(result["magnetization_norm"]),
                 "response": float(result["response"]),
             }
-        )
-        r = rows[-1]
-        say(
-            f"beta {b:8.4f}: t* mean {r['t_star_mean']:9.4f} ({r['newton_steps']} Newton steps), "
-            f"log Z {r['log_partition']:10.3f}, F {r['free_energy']:10.3f}, "
-            f"|m| {r['magnetization_norm']:.4f}"
         )
 
     shown = betas_[np.unique(np.linspace(0, betas_.size - 1, min(6, betas_.size)).astype(int))]
@@ -163,5 +236,5 @@ def run_sweep_demo(
         "files": {name: str(path) for name, path in files.items()},
         "seconds": time.perf_counter() - start,
     }
-    files["metrics"].write_text(json.dumps(metrics, indent=2) + "\n")
+    write_metrics(files["metrics"], metrics)
     return metrics

@@ -2,7 +2,7 @@
 to a softmax transformer and the mean-field classifier with the same front end, trained in the
 same run."""
 
-import json
+import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,12 +13,97 @@ import jax
 import jax.random as jr
 import numpy as np
 
+from .common import (
+    POSITIVE,
+    add_command,
+    add_progress_flag,
+    check_out,
+    int_at_least,
+    run,
+    say,
+    time_limit_note,
+    write_metrics,
+)
+
 MODELS = ("spin_transformer", "softmax", "mean_field")
 TITLES = {
     "spin_transformer": "spin-model transformer",
     "softmax": "softmax attention",
     "mean_field": "mean-field (deep implicit attention)",
 }
+
+
+def add_parser(commands: Any) -> None:
+    parser = add_command(
+        commands,
+        "spin-transformer",
+        help="a spin-model transformer against softmax and mean-field attention on digits",
+        description=(
+            "Train three classifiers of the shipped 8x8 digits that differ only in their token "
+            "mixer (the same convolutional patch embedding, CLS site, linear head, optimiser, "
+            "batches and seed): the spin-model transformer (steady-state magnetizations of "
+            "vector spins with softmax couplings, solved by Anderson and differentiated "
+            "implicitly), softmax attention, and deep implicit attention (mean field). Prints "
+            "each test accuracy next to its untrained control and the majority class; writes "
+            "metrics.json and training_loss.png into --out."
+        ),
+    )
+    parser.add_argument(
+        "--train-steps",
+        type=int_at_least(1),
+        default=800,
+        metavar="N",
+        help="optimisation steps of each model",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=MODELS,
+        default=list(MODELS),
+        metavar="MODEL",
+        help=f"the models to train, of {', '.join(MODELS)}",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=POSITIVE,
+        default=None,
+        metavar="SECONDS",
+        help="cap on each model's training time (default: no limit)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and batches")
+    add_progress_flag(parser, "the progress bars")
+    parser.set_defaults(run=lambda args: main(args, parser))
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`energyattn spin-transformer`: run `run_smt_demo`, print one line per model."""
+    print(f"energyattn spin-transformer: {len(args.models)} classifiers, seed {args.seed}")
+    metrics = run(
+        "spin-transformer",
+        parser,
+        run_smt_demo,
+        args.out,
+        train_steps=args.train_steps,
+        models=tuple(args.models),
+        time_limit=args.time_limit,
+        seed=args.seed,
+        progress=say,
+        progress_bar=not args.no_progress,
+    )
+    if metrics is None:
+        return 1
+    print()
+    print(f"majority class: test accuracy {metrics['majority_class_accuracy']:.4f}")
+    for name, model in metrics["models"].items():
+        test = model["test"]
+        print(
+            f"{TITLES[name]:38s} test accuracy {test['accuracy']:.4f} (untrained "
+            f"{model['untrained_test']['accuracy']:.4f}), {model['num_parameters']} parameters, "
+            f"{model['train_steps']} steps in {model['train_seconds']:.1f} s, solver steps "
+            f"mean {test['mean_steps']:.1f}"
+        )
+    print(f"files in {args.out}")
+    return 0
 
 
 def _smoothed(losses: np.ndarray, window: int) -> np.ndarray:
@@ -55,9 +140,9 @@ def run_smt_demo(
     The metrics: per model the test accuracy trained and untrained, parameters, training
     time, solver iterations; the majority-class accuracy.
     """
-    from . import viz
-    from .data import load_digits
-    from .models import (
+    from .. import viz
+    from ..data import load_digits
+    from ..models import (
         AttentionClassifier,
         MeanFieldClassifier,
         evaluate_classifier,
@@ -67,11 +152,7 @@ def run_smt_demo(
     unknown = set(models) - set(MODELS)
     if unknown or not models:
         raise ValueError(f"models must be a non-empty subset of {MODELS}, got {models!r}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    probe = out / ".write_test"
-    probe.write_text("")  # fail now, not after minutes of training
-    probe.unlink()
+    out = check_out(out)  # fail now, not after minutes of training
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)
     test_images = np.asarray(test.images, np.float32)
@@ -84,6 +165,7 @@ def run_smt_demo(
         "dataset": "digits (scikit-learn, 8x8)",
         "majority_class_accuracy": majority,
         "train_steps": train_steps,
+        "time_limit": time_limit,
         "seed": seed,
         "models": {},
     }
@@ -113,14 +195,13 @@ def run_smt_demo(
         seconds = time.perf_counter() - began
         scores = evaluate_classifier(result.model, test_images, test.labels)
         losses = np.asarray(result.losses)
-        progress(
-            f"{TITLES[name]}: test accuracy {scores['accuracy']:.4f} "
-            f"(untrained {untrained['accuracy']:.4f}), {result.step} steps in {seconds:.1f} s"
-        )
+        stopped = time_limit_note(result.step, train_steps, time_limit)
+        progress(f"{TITLES[name]}: {stopped or f'trained {result.step} steps'} ({seconds:.1f} s)")
         curves[TITLES[name]] = _smoothed(losses, 25)
         metrics["models"][name] = {
             "num_parameters": num_params,
             "train_steps": int(result.step),
+            "stopped_by_time_limit": stopped is not None,
             "train_seconds": seconds,
             "final_train_loss": float(np.mean(losses[-25:])) if losses.size else None,
             "test": scores,
@@ -133,5 +214,5 @@ def run_smt_demo(
         xlabel="step",
         ylabel="cross-entropy",
     )
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_metrics(out / "metrics.json", metrics)
     return metrics

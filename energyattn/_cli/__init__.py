@@ -1,0 +1,3 @@
+"""The `energyattn` command line; the library never imports it."""
+
+from .app import main as main

@@ -1,0 +1,38 @@
+"""The `energyattn` command (also `python -m energyattn`): one subcommand per module."""
+
+import argparse
+from collections.abc import Sequence
+
+from . import attractor, bench, classify, demo, hopfield, landscape, spin_transformer, sweep
+from .common import avoid_xla_cpu_ynn_fusions
+
+#: In the order of `energyattn --help`.
+COMMANDS = (demo, hopfield, classify, spin_transformer, attractor, landscape, sweep, bench)
+
+
+def parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    top = argparse.ArgumentParser(
+        prog="energyattn",
+        description="energyattn: attention as energy minimisation in JAX and Equinox.",
+    )
+    top.add_argument("--version", action="version", version=f"energyattn {__version__}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `energyattn` command line with `argv` (default: `sys.argv[1:]`).
+
+    **Returns:**
+
+    The exit status: 0 on success, 1 when the command cannot run here (its output folder
+    cannot be written, an extra or a data file is missing: one line on stderr says which).
+    Bad arguments exit through argparse (`SystemExit(2)`).
+    """
+    args = parser().parse_args(argv)
+    avoid_xla_cpu_ynn_fusions()
+    return args.run(args)

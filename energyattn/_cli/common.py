@@ -1,0 +1,169 @@
+"""What every command shares: argument types, the help formatter, the output folder, and the
+way a command runs (output checked first, errors as one line, the time-limit note)."""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: Every command writes into its own folder under this one unless given `--out`.
+OUT_ROOT = "energyattn-out"
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def number(check: Callable[[float], bool], requirement: str) -> Callable[[str], float]:
+    """An argparse type: a float for which `check(value)` holds, else "must be <requirement>"."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not check(value):  # NaN fails every check
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {value}")
+        return value
+
+    return parse
+
+
+POSITIVE = number(lambda v: v > 0, "> 0")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's help shows its default once: appended as "(default: X)" unless the help
+    text already says what the default is, and never for flags (whose default is "off")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "default" in text
+            or action.default in (None, argparse.SUPPRESS)
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            or not action.option_strings
+        ):
+            return action.help
+        shown = action.default
+        if isinstance(shown, (list, tuple)):
+            shown = " ".join(str(v) for v in shown)
+        shown = str(shown).replace("%", "%%")
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+def add_command(
+    commands: Any, name: str, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A subcommand with the shared formatter and its `--out` option."""
+    parser = commands.add_parser(
+        name, help=help, description=description, formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        default=f"{OUT_ROOT}/{name}",
+        metavar="DIR",
+        help="output folder; created if needed and checked before any work",
+    )
+    return parser
+
+
+def add_progress_flag(parser: argparse.ArgumentParser, what: str = "the progress bar") -> None:
+    parser.add_argument("--no-progress", action="store_true", help=f"hide {what}")
+
+
+def say(line: str) -> None:
+    """Progress of a command, one indented line at a time."""
+    print(f"  {line}", flush=True)
+
+
+def fail(command: str, message: str) -> int:
+    """Print `energyattn COMMAND: error: MESSAGE` on one line of stderr; the exit status 1."""
+    print(f"energyattn {command}: error: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+def check_out(out: str | os.PathLike) -> Path:
+    """Create and probe a command's output folder before any work: an `OSError` naming it
+    (`NotADirectoryError`, `PermissionError`) when files cannot be written there."""
+    from .._io import check_output_dir
+
+    return check_output_dir(out)
+
+
+def run(
+    command: str,
+    parser: argparse.ArgumentParser,
+    fn: Callable[..., dict],
+    *args: Any,
+    errors: tuple[type[Exception], ...] = (ImportError,),
+    **kwargs: Any,
+) -> dict | None:
+    """Run a command's `fn`; `None` (after saying why, on one line) when the environment lacks
+    something (`errors`, e.g. an optional dependency or a data file) or an output cannot be
+    written.
+
+    Settings that argparse cannot check alone raise `ValueError` in `fn`; they exit through
+    `parser.error` (status 2) like any bad argument.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except (OSError, *errors) as error:
+        fail(command, str(error))
+        return None
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def time_limit_note(done: int, planned: int, time_limit: float | None) -> str | None:
+    """The line saying that a time limit cut training short, or `None` when it did not."""
+    if time_limit is None or done >= planned:
+        return None
+    return f"stopped after {done} of {planned} steps: {time_limit:g} s time limit"
+
+
+def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> Path:
+    """Write `metrics` as indented JSON, atomically."""
+    from .._io import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
+
+
+def elapsed(start: float) -> str:
+    return f"{time.perf_counter() - start:.1f} s"
+
+
+#: The XLA flag that picks which operations XLA's CPU backend hands to XNNPACK's YNN kernels.
+YNN_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
+
+
+def avoid_xla_cpu_ynn_fusions() -> None:
+    """Run the commands' programs without XNNPACK's YNN fusions.
+
+    XLA's CPU backend (jaxlib 0.10.2 and 0.12) can compile fusions into YNN kernels that
+    return wrong values, depending on the program and differently at each compilation:
+    training the spin-model transformer gave first losses of 2.35 or 2.42 instead of 2.32
+    and NaN gradients in some compilations; its layer at 65 tokens, dim 64, batch 32 returns
+    NaN with JAX 0.12's defaults. Every fusion type (dot, reduce, eltwise) failed on one of
+    these programs; none did with YNN fusions off. Commands run in their own process, so they
+    set the flag before JAX starts its CPU backend, unless `XLA_FLAGS` already chooses. Code
+    that imports energyattn keeps JAX's defaults (they are faster: see the README).
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if YNN_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {YNN_FLAG}=".strip()
