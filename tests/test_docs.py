@@ -19,12 +19,12 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 def public_names():
     """`energyattn.X` for every public name users can reach (as `tests/test_package.py`)."""
-    namespaces = (ea, ea.nn, ea.models, ea.data, ea.spin)
+    namespaces = (ea, ea.nn, ea.models, ea.data, ea.spin, ea.viz)
     for module in namespaces:
         for name in dir(module):
             if not name.startswith("_") and not inspect.ismodule(getattr(module, name)):
                 yield f"{module.__name__}.{name}"
-    for module in (ea.parallel, ea.viz):  # public modules: their own functions
+    for module in (ea.parallel,):  # a public module: its own functions
         for name, obj in vars(module).items():
             if not name.startswith("_") and getattr(obj, "__module__", None) == module.__name__:
                 yield f"{module.__name__}.{name}"

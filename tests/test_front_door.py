@@ -72,9 +72,11 @@ def test_bare_self_attention_norm_at_512():
     """The seed's ~5.6e-6 at d_k = 512 and the default scale is float32 rounding: one step of
     8 patterns moves them by much less in float64."""
     keys = jr.split(jr.key(3), 5)
-    f32 = [viz.self_attention_displacement([512], [1.0], num_patterns=8, key=k)[0, 0] for k in keys]
+    f32 = [
+        ea.nn.self_attention_displacement([512], [1.0], num_patterns=8, key=k)[0, 0] for k in keys
+    ]
     f64 = [
-        viz.self_attention_displacement([512], [1.0], num_patterns=8, key=k, dtype=jnp.float64)[
+        ea.nn.self_attention_displacement([512], [1.0], num_patterns=8, key=k, dtype=jnp.float64)[
             0, 0
         ]
         for k in keys
@@ -90,7 +92,7 @@ def test_bare_self_attention_norm_at_512():
     assert by_energy == pytest.approx(written_out, rel=1e-5)
     assert 0.1 * min(f64) < by_energy < 10 * max(f64)
     # At d_k = 2 the patterns move by order one.
-    assert viz.self_attention_displacement([2], [1.0], key=keys[0])[0, 0] > 0.1
+    assert ea.nn.self_attention_displacement([2], [1.0], key=keys[0])[0, 0] > 0.1
 
 
 def test_sweep_command_end_to_end(tmp_path, capsys):
@@ -216,8 +218,8 @@ def test_viz_landscape_bad_input(user_mode, tmp_path):
     with pytest.raises(ValueError, match="threshold"):
         viz.plot_couplings(np.zeros((3, 3)), tmp_path / "x.png", threshold=1.0)
     with pytest.raises(ValueError, match="dims must be"):
-        viz.self_attention_displacement([0, 4], [1.0], key=jr.key(0))
+        ea.nn.self_attention_displacement([0, 4], [1.0], key=jr.key(0))
     with pytest.raises(ValueError, match="scales must be"):
-        viz.self_attention_displacement([4], [-1.0], key=jr.key(0))
+        ea.nn.self_attention_displacement([4], [-1.0], key=jr.key(0))
     with pytest.raises(ValueError, match=r"norms\['a'\] must have shape"):
         viz.plot_displacement_contour([2, 4], [1.0], {"a": np.ones((2, 2))}, tmp_path / "x.png")

@@ -1,9 +1,21 @@
-"""`energyattn attractor`: self-attention as an attractor network on shipped digits."""
+"""`energyattn attractor`: self-attention as an attractor network on shipped digits, against
+its own untrained initialisation, a trivial baseline and the paper's backpropagation-trained
+baselines."""
 
 import argparse
+import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array
+
+from .._io import atomic_write_text, check_output_dir
 from .common import (
     add_command,
     add_progress_flag,
@@ -69,9 +81,8 @@ def add_parser(commands: Any) -> None:
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """`energyattn attractor`: check `--out`, run `run_attractor_demo`, print the curves' ends."""
-    from .._attractor_demo import run_attractor_demo
-
+    """`energyattn attractor`: check `--out` first, then `run_attractor_demo` (which prints
+    each curve's summary)."""
     try:
         check_out(args.out)
     except OSError as error:
@@ -94,12 +105,264 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     if metrics is None:
         return 1
-    print()
-    for task, models in metrics["tasks"].items():
-        for name, summary in models.items():
-            print(
-                f"{task:8s} {name:32s} MSE t=0 {summary['t0']:.4f}  best {summary['best']:.4f} "
-                f"(t={summary['best_t']})  last {summary['final']:.4f}"
-            )
     print(f"files in {Path(args.out)}")
     return 0
+
+
+TASK_TITLES = {"masked": "masked prediction (30% of patches)", "denoise": "denoising (var 0.7)"}
+TRAINED = "bare self-attention (attractor)"
+UNTRAINED = "bare self-attention (untrained)"
+# The trivial baseline of each task: no model, only the mean training image.
+TRIVIAL = {"masked": "mean training patch (trivial)", "denoise": "mean training image (trivial)"}
+
+
+class _MeanImage(eqx.Module):
+    """The trivial reconstruction: masked patches filled with the mean training pixels at
+    their position (the rest of the input kept), or, with `replace_all`, the mean training
+    image whatever the input (denoising). Constant in $t$; follows the `Reconstructor`
+    protocol of `reconstruction_curves`, so it sees the same corruptions as the models."""
+
+    mean: Array
+    patch_size: int = eqx.field(static=True)
+    replace_all: bool = eqx.field(static=True)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.mean.shape)  # type: ignore[return-value]
+
+    def reconstruct(self, corrupted: Array, patch_mask: Array, num_steps: int) -> Array:
+        from ..data import patchify, unpatchify
+
+        mean = self.mean.astype(corrupted.dtype)
+        if self.replace_all:
+            prediction = mean
+        else:
+            masked = jnp.broadcast_to(
+                patch_mask[:, None], patchify(corrupted, self.patch_size).shape
+            )
+            masked = unpatchify(masked, corrupted.shape, self.patch_size)
+            prediction = jnp.where(masked, mean, corrupted)
+        return jnp.concatenate(
+            [corrupted[None], jnp.broadcast_to(prediction, (num_steps, *corrupted.shape))]
+        )
+
+
+def _summary(curve: np.ndarray) -> dict[str, Any]:
+    """Where a curve of errors over t = 0..T is lowest (t >= 1), and how it ends."""
+    best = int(np.argmin(curve[1:])) + 1
+    return {
+        "t0": float(curve[0]),
+        "best_t": best,
+        "best": float(curve[best]),
+        "final": float(curve[-1]),
+        "curve": [float(v) for v in curve],
+    }
+
+
+def _percent_below(value: float, reference: float) -> float:
+    """How far `value` is below `reference`, in percent of `reference` (negative: above)."""
+    return 100.0 * (1.0 - value / reference)
+
+
+def _relative(percent_below: float) -> str:
+    return f"{abs(percent_below):.0f}% {'below' if percent_below >= 0 else 'above'}"
+
+
+def _controls(task: str, task_metrics: dict[str, Any]) -> dict[str, Any]:
+    """The trained attractor's best error against its untrained initialisation and the trivial
+    baseline, on each measure (the masked task: whole image and masked patches only)."""
+    measures = {"image": lambda summary: summary}
+    if task == "masked":
+        measures["masked_region"] = lambda summary: summary["masked_region"]
+    controls: dict[str, Any] = {}
+    for measure, pick in measures.items():
+        trained = pick(task_metrics[TRAINED])
+        untrained = pick(task_metrics[UNTRAINED])["best"]
+        trivial = pick(task_metrics[TRIVIAL[task]])["best"]
+        curve = np.asarray(trained["curve"])
+        controls[measure] = {
+            "trained_best": trained["best"],
+            "untrained_best": untrained,
+            "trivial": trivial,
+            "percent_below_untrained": _percent_below(trained["best"], untrained),
+            "percent_below_trivial": _percent_below(trained["best"], trivial),
+            # A transient memory: the error falls below the corrupted input, then rises again.
+            "transient": bool(
+                trained["best"] < curve[0] and curve[-1] > trained["best"] * (1 + 1e-3)
+            ),
+        }
+    return controls
+
+
+def run_attractor_demo(
+    out: str | Path,
+    *,
+    train_steps: int = 1000,
+    baseline_steps: int = 1500,
+    num_iterations: int = 30,
+    patch_size: int = 2,
+    tasks: tuple[str, ...] = ("masked", "denoise"),
+    baselines: bool = True,
+    seed: int = 0,
+    progress: Callable[[str], None] = print,
+    progress_bar: bool = True,
+) -> dict[str, Any]:
+    r"""Train the attractor network (pseudo-likelihood, task-agnostic) and, per task, the
+    recycled transformer block and the 5-layer vision transformer (backpropagation); measure
+    the test MSE against the iteration $t$ for both tasks, next to two controls of the same
+    run: the attractor network at its initialisation (the same model before training,
+    `"bare self-attention (untrained)"`) and a trivial baseline that uses no model (masked
+    prediction: each masked patch filled with the mean training patch at its position;
+    denoising: the mean training image).
+
+    Writes `metrics.json`, `mse_vs_iteration.png`, `reconstructions_<task>.png` and
+    `couplings.png` into `out`.
+    `tasks` picks the tasks, `baselines=False` skips the backpropagation baselines (the
+    attractor network and the controls alone take seconds; each baseline minutes on a CPU
+    core).
+
+    **Returns:**
+
+    The metrics: per task and model the curve over $t = 0..T$ (whole-image MSE; for masked
+    prediction also `"masked_region"`, the MSE over the masked patches only), its minimum
+    over $t \ge 1$ and where it is; and under `"controls"`, per task and measure, the trained
+    attractor's best error against the untrained one and the trivial baseline.
+    """
+    from .. import viz
+    from ..data import load_digits
+    from ..models import (
+        AttractorImageModel,
+        PatchTransformer,
+        reconstruction_curves,
+        train_attractor,
+        train_reconstruction,
+    )
+
+    tasks = tuple(tasks)
+    if not tasks or any(task not in TASK_TITLES for task in tasks):
+        raise ValueError(f"tasks must be a non-empty subset of {tuple(TASK_TITLES)}, got {tasks}")
+    out = check_output_dir(out)  # before any data, compilation or training
+    train = np.asarray(load_digits("train").images, np.float32)[:, None]
+    test = np.asarray(load_digits("test").images, np.float32)[:, None]
+    eval_key = jr.PRNGKey(seed + 100)
+    progress(f"digits (scikit-learn, 8x8): {len(train)} train / {len(test)} test images")
+    metrics: dict[str, Any] = {"patch_size": patch_size, "seed": seed, "tasks": {}}
+
+    began = time.perf_counter()
+    untrained = AttractorImageModel(
+        patch_size=patch_size, num_steps=num_iterations, key=jr.PRNGKey(seed), dtype=jnp.float32
+    )
+    result = train_attractor(
+        untrained, train, key=jr.PRNGKey(seed + 1), num_steps=train_steps, progress=progress_bar
+    )
+    attractor = result.model
+    metrics["attractor_train_seconds"] = time.perf_counter() - began
+    metrics["attractor_train_steps"] = train_steps
+    progress(
+        f"attractor network: {train_steps} pseudo-likelihood steps in "
+        f"{metrics['attractor_train_seconds']:.1f} s (final loss {float(result.losses[-1]):.3f})"
+    )
+
+    # The learnt couplings J_ij (d x d blocks) as a graph on the patch grid: each patch at its
+    # place in the image, edges as strong as ||J_ij||_F.
+    side = train.shape[-1] // patch_size
+    grid = np.stack(np.divmod(np.arange(side * side), side), axis=1)
+    viz.plot_couplings(
+        attractor.attention.couplings,
+        out / "couplings.png",
+        positions=np.stack([grid[:, 1], -grid[:, 0]], axis=1),
+        threshold=0.9,  # the couplings have a fixed overall norm: show the strongest pairs
+        title="learnt couplings between patches (pseudo-likelihood)",
+    )
+
+    mean_image = jnp.asarray(train.mean(axis=0))
+    curves: dict[str, dict[str, np.ndarray]] = {}
+    examples: dict[str, dict[str, np.ndarray]] = {}
+    metrics["controls"] = {}
+    for task in tasks:
+        task_metrics: dict[str, Any] = {}
+        # name -> (model, iterations); iterations 1: a model that is not iterated.
+        models: dict[str, tuple[Any, int]] = {
+            TRAINED: (attractor, num_iterations),
+            UNTRAINED: (untrained, num_iterations),
+            TRIVIAL[task]: (_MeanImage(mean_image, patch_size, task == "denoise"), 1),
+        }
+        baseline_specs = (
+            ("recycled transformer block", 1, 3, 7),
+            ("5-layer ViT", 5, 1, 1),
+        )
+        for name, depth, low, high in baseline_specs if baselines else ():
+            began = time.perf_counter()
+            baseline = PatchTransformer(
+                patch_size=patch_size, depth=depth, key=jr.PRNGKey(seed + 2)
+            )
+            trained = train_reconstruction(
+                baseline,
+                train,
+                task=task,
+                key=jr.PRNGKey(seed + 3),
+                num_steps=baseline_steps,
+                min_iterations=low,
+                max_iterations=high,
+                progress=progress_bar,
+            ).model
+            seconds = time.perf_counter() - began
+            progress(f"{task}: {name} trained ({baseline_steps} steps) in {seconds:.1f} s")
+            models[name] = (trained, num_iterations if depth == 1 else 1)
+        panel: dict[str, np.ndarray] = {}
+        rows: dict[str, np.ndarray] = {}
+        for name, (model, steps) in models.items():
+            result_curves = reconstruction_curves(
+                model, test, task=task, key=eval_key, num_steps=steps
+            )
+            curve = result_curves["mse"]
+            summary = _summary(curve)
+            if task == "masked":
+                summary["masked_region"] = _summary(result_curves["masked_mse"])
+            task_metrics[name] = summary
+            # t = 0 is the corrupted input; the ViT and the trivial baseline are not iterated:
+            # horizontal lines.
+            panel[name] = curve if steps > 1 else curve[1:2]
+            states = result_curves["examples"]  # (8, T+1, c, h, w)
+            rows.setdefault("clean", test[:8, 0])
+            rows.setdefault("corrupted", states[:, 0, 0])
+            if steps > 1:
+                rows[f"{name} (t={summary['best_t']})"] = states[:, summary["best_t"], 0]
+                if name != UNTRAINED:
+                    rows[f"{name} (t={steps})"] = states[:, -1, 0]
+            else:
+                rows[name] = states[:, 1, 0]
+            line = (
+                f"{task}: {name}: MSE {summary['t0']:.4f} at t=0, best {summary['best']:.4f} "
+                f"at t={summary['best_t']}, {summary['final']:.4f} at t={steps}"
+            )
+            if task == "masked":
+                region = summary["masked_region"]
+                line += (
+                    f"; masked patches {region['t0']:.4f} at t=0, best {region['best']:.4f} at "
+                    f"t={region['best_t']}, {region['final']:.4f} at t={steps}"
+                )
+            progress(line)
+        metrics["tasks"][task] = task_metrics
+        metrics["controls"][task] = _controls(task, task_metrics)
+        for measure, control in metrics["controls"][task].items():
+            progress(
+                f"{task} ({measure.replace('_', ' ')}): trained attractor best "
+                f"{control['trained_best']:.4f}, "
+                f"{_relative(control['percent_below_untrained'])} untrained "
+                f"({control['untrained_best']:.4f}), "
+                f"{_relative(control['percent_below_trivial'])} the trivial baseline "
+                f"({control['trivial']:.4f})"
+            )
+        curves[task] = panel
+        examples[task] = rows
+        viz.image_grid(
+            rows, out / f"reconstructions_{task}.png", title=TASK_TITLES[task], vmin=0.0, vmax=1.0
+        )
+    viz.plot_curves(
+        {TASK_TITLES[task]: curves[task] for task in curves},
+        out / "mse_vs_iteration.png",
+        title="test MSE against iteration (digits, held out)",
+    )
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    return metrics

@@ -163,10 +163,10 @@ def flatland(name: str, states: Any, stored: Any, *, key: Any) -> dict[str, Any]
 
 
 def _in_both_precisions(dims: Any, scales: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-    """`ea.viz.self_attention_displacement` in float32 (as the seed ran it) and float64."""
-    norms = {"float32": ea.viz.self_attention_displacement(dims, scales, **kwargs)}
+    """`ea.nn.self_attention_displacement` in float32 (as the seed ran it) and float64."""
+    norms = {"float32": ea.nn.self_attention_displacement(dims, scales, **kwargs)}
     with jax.enable_x64(True):
-        norms["float64"] = ea.viz.self_attention_displacement(
+        norms["float64"] = ea.nn.self_attention_displacement(
             dims, scales, dtype=jnp.float64, **kwargs
         )
     return norms

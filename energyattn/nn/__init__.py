@@ -4,6 +4,7 @@ from ._attractor import (
     AttractorAttention as AttractorAttention,
     normalise_tokens as normalise_tokens,
 )
+from ._displacement import self_attention_displacement as self_attention_displacement
 from ._energy_transformer import (
     EnergyLayerNorm as EnergyLayerNorm,
     EnergyTransformer as EnergyTransformer,

@@ -100,5 +100,5 @@ def self_attention_displacement(
     return np.asarray(norms, np.float64).T
 
 
-# Public as `ea.viz.self_attention_displacement` (documented there, beside the contour plot).
+# Public as `ea.nn.self_attention_displacement` (documented there, beside the contour plot).
 self_attention_displacement.__module__ = "energyattn.viz"

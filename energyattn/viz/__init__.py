@@ -6,7 +6,6 @@ functions are safe in scripts, notebooks and tests alike. They take numbers and 
 the numbers come from the rest of the package (e.g. `ea.spin` for the spin figures).
 """
 
-from ..nn._displacement import self_attention_displacement as self_attention_displacement
 from ._couplings import plot_couplings as plot_couplings
 from ._curves import plot_curves as plot_curves, plot_energies as plot_energies
 from ._images import image_grid as image_grid

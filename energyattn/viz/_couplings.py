@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._figure import new_figure, public, save
+from ._figure import new_figure, save
 
 
 def _coupling_strengths(J: Any) -> tuple[np.ndarray, bool]:
@@ -20,7 +20,6 @@ def _coupling_strengths(J: Any) -> tuple[np.ndarray, bool]:
     )
 
 
-@public
 def plot_couplings(
     J: Any,
     path: str | os.PathLike,

@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ._figure import check_named_arrays, new_figure, public, save
+from ._figure import check_named_arrays, new_figure, save
 
 
-@public
 def plot_energies(
     curves: dict[str, Any],
     path: str | os.PathLike,
@@ -55,7 +54,6 @@ def plot_energies(
     return save(figure, path, title, fontsize=11)
 
 
-@public
 def plot_curves(
     panels: dict[str, dict[str, Any]],
     path: str | os.PathLike,

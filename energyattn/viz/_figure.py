@@ -2,18 +2,9 @@
 
 import os
 import pathlib
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def public(function: _F) -> _F:
-    """Mark a function as public at `energyattn.viz` (where users find and pickle it)."""
-    function.__module__ = "energyattn.viz"
-    return function
 
 
 def new_figure(**kwargs: Any) -> Any:

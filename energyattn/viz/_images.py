@@ -6,10 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ._figure import check_named_arrays, new_figure, public, save
+from ._figure import check_named_arrays, new_figure, save
 
 
-@public
 def image_grid(
     rows: dict[str, Any],
     path: str | os.PathLike,

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._figure import check_named_arrays, new_figure, public, save
+from ._figure import check_named_arrays, new_figure, save
 
 
 def _landscape_points(name: str, points: Any, ndim: int, dims: str) -> np.ndarray | None:
@@ -121,7 +121,6 @@ def _draw_landscape(
     ax.set_yticks([])
 
 
-@public
 def plot_landscape(
     energy: Any,
     trajectory: Any,
@@ -177,7 +176,6 @@ def plot_landscape(
     return save(figure, path, title, fontsize=11)
 
 
-@public
 def plot_landscapes(
     panels: dict[str, dict[str, Any]],
     path: str | os.PathLike,
@@ -237,7 +235,6 @@ def plot_landscapes(
     return save(figure, path, title, fontsize=12)
 
 
-@public
 def plot_displacement_contour(
     dims: Any,
     scales: Any,
@@ -250,7 +247,7 @@ def plot_displacement_contour(
     r"""Write a PNG of $\lVert X - X'\rVert$ of bare self-attention over $d_k$ and $\beta$-scale.
 
     Filled log-scale contours of the norms from
-    [`self_attention_displacement`][energyattn.viz.self_attention_displacement], one panel per
+    [`self_attention_displacement`][energyattn.nn.self_attention_displacement], one panel per
     entry of `norms` (e.g. float32 and float64), with red lines at the transformer default
     scale $s = 1$ ($\beta = 1/\sqrt{d_k}$) and at the dimensions in `marks`. Cells whose norm is
     exactly 0 (the step is the identity to the last bit) are left blank.

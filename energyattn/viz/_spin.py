@@ -16,7 +16,7 @@ from ..spin._curves import (
     spin_system,
     vector_saddle,
 )
-from ._figure import new_figure, public, save
+from ._figure import new_figure, save
 
 
 def _clip_ylim(ax: Any, *curves: np.ndarray, upper: float = 0.85) -> None:
@@ -50,7 +50,6 @@ def _t_grid(J: Any, t_star: float, t_range: Any, num_points: int) -> np.ndarray:
     return np.linspace(low, high, num_points)
 
 
-@public
 def plot_spin_phi(
     J: Any,
     H: Any,
@@ -113,7 +112,6 @@ def plot_spin_phi(
     return save(figure, path, title, fontsize=11)
 
 
-@public
 def plot_spin_beta_sweep(
     J: Any,
     H: Any,
@@ -200,7 +198,6 @@ def plot_spin_beta_sweep(
     return save(figure, path, title, fontsize=11)
 
 
-@public
 def plot_spin_landscape(
     J: Any,
     H: Any,
