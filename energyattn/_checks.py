@@ -38,6 +38,55 @@ def check_shape(name: str, x: Any, dims: str, **sizes: int) -> None:
         raise ValueError(f"{name} must have shape ({wanted}), got {shape_str(shape)}")
 
 
+def check_matching_dim(
+    query_name: str,
+    query: Any,
+    query_dims: str,
+    memory_name: str,
+    memory: Any,
+    memory_dims: str,
+    *,
+    fixed: str | None = None,
+) -> None:
+    """Check both ranks, then that the `dim` axis of `query` matches that of `memory`.
+
+    A mismatch raises a `ValueError` that names both shapes and puts the blame on the query:
+    `query has dimension 4 but the patterns of memory have dimension 3 (query shape (2, 4),
+    memory shape (5, 3)): ...`. `fixed` (e.g. "this energy's") says that `memory` was fixed
+    when the module was built, so only the query can be wrong; the message then says what
+    shape it must have.
+    """
+    check_shape(query_name, query, query_dims)
+    check_shape(memory_name, memory, memory_dims)
+    q_shape, m_shape = tuple(np.shape(query)), tuple(np.shape(memory))
+    dq = q_shape[query_dims.split().index("dim")]
+    dm = m_shape[memory_dims.split().index("dim")]
+    if dq == dm:
+        return
+    owner = f"{fixed} " if fixed else ""
+    if memory_dims.startswith("mem"):
+        if memory_name == "patterns":
+            subject = f"{owner or 'the '}patterns have"
+        else:
+            subject = f"the patterns of {owner}{memory_name} have"
+    else:
+        subject = f"{owner}{memory_name} expects"
+    head = f"{query_name} has dimension {dq} but {subject} dimension {dm}"
+    if fixed:
+        wanted = ", ".join(f"dim={dm}" if n == "dim" else n for n in query_dims.split())
+        raise ValueError(
+            f"{head}: {query_name} must have shape ({wanted}), got {shape_str(q_shape)} "
+            f"({memory_name} has shape {shape_str(m_shape)})"
+        )
+    wanted = ", ".join(f"dim={dq}" if n == "dim" else n for n in memory_dims.split())
+    raise ValueError(
+        f"{head} ({query_name} shape {shape_str(q_shape)}, {memory_name} shape "
+        f"{shape_str(m_shape)}): the dimension of {query_name} must match the pattern "
+        f"dimension of {memory_name} (if {query_name} is right, {memory_name} must have "
+        f"shape ({wanted}), got {shape_str(m_shape)})"
+    )
+
+
 def positive_int(name: str, value: Any, minimum: int = 1) -> int:
     """`value` as a Python int `>= minimum` (NumPy integers welcome; bools and floats are not)."""
     try:
@@ -98,6 +147,36 @@ def check_finite(name: str, x: ArrayLike) -> Array:
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return x
     return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
+
+
+def error_if_nonfinite(
+    x: Any,
+    failed: Array,
+    suspects: list[tuple[str, Any]],
+    blame: str,
+    otherwise: str,
+) -> Any:
+    """`eqx.error_if(x, failed, ...)` whose message names the cause when it can be known.
+
+    When `failed`, the first floating-point array among the `suspects` (pairs of a name and
+    a pytree, e.g. `("energy", module)`) that holds NaN or inf is named in the message
+    `blame.format(name)`, e.g. `blame = "its parameters contain NaN or inf ({})"` gives
+    "... (energy.memory)"; if all of them are finite the message is `otherwise`.
+    """
+    names, finite = [], []
+    for prefix, tree in suspects:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if eqx.is_array(leaf) and jnp.issubdtype(leaf.dtype, jnp.inexact):
+                names.append(prefix + jax.tree_util.keystr(path))
+                finite.append(jnp.all(jnp.isfinite(leaf)))
+    if not names:
+        return eqx.error_if(x, failed, otherwise)
+    bad = ~jnp.stack(finite)
+    index = jnp.where(jnp.any(bad), jnp.argmax(bad), len(names))
+    # Under vmap the branch index is the batch maximum: examples that did not fail vote 0.
+    index = jnp.where(failed, index, 0)
+    msgs = [blame.format(name) for name in names] + [otherwise]
+    return eqx.branched_error_if(x, failed, index, msgs)
 
 
 def check_mask(mask: Any, shape: tuple[int | None, ...], dims: str) -> Array:

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_mask, check_positive, check_shape, positive_int
+from .._checks import check_mask, check_matching_dim, check_positive, positive_int
 from .._custom_types import ScalarLike
 
 Implementation = Literal["auto", "naive", "blockwise", "cudnn"]
@@ -124,8 +124,12 @@ def masked_logsumexp(
     Masked entries drop out exactly (they contribute `exp(-inf) = 0`, not a large negative
     number), and neither their values nor their gradients can reach the result. A row with
     no entry left is a sum over the empty set; its log would be `-inf`, and we define it as 0
-    so that energies stay finite and the force on that row vanishes.
+    so that energies stay finite and the force on that row vanishes. With no columns at all
+    (an empty memory) every row is such an empty sum.
     """
+    if a.shape[-1] == 0:
+        # No entries at all (an empty memory): every row is an empty sum.
+        return jnp.zeros(a.shape[:-1], a.dtype)
     if mask is None:
         return jax.nn.logsumexp(a, axis=-1)
     nonempty = jnp.any(mask, axis=-1)
@@ -469,6 +473,10 @@ def lse_rows(
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
     over heads by the energies). `beta` must already be in the accumulation dtype."""
+    if k.shape[0] == 0:
+        # An empty memory: every row is an empty sum, whose log-sum-exp is defined as 0 (the
+        # rule of a fully masked row), not log(0) = -inf.
+        return jnp.zeros((q.shape[0],), beta.dtype)
     if method == "naive":
         return _naive_lse(q, k, beta, mask, exclude_self)
     # A block never needs to be longer than the keys (less padding, same result).
@@ -499,8 +507,8 @@ def attention_logsumexp(
     attention step) is blockwise too: the forward pass has a flash-style `custom_vjp` of its
     own.
 
-    A row with nothing allowed has an empty sum, defined as 0 (no force). Scores accumulate in
-    at least float32.
+    A row with nothing allowed has an empty sum, defined as 0 (no force); so has every row
+    when there are no keys at all (`mem = 0`). Scores accumulate in at least float32.
 
     **Arguments:**
 
@@ -526,9 +534,8 @@ def attention_logsumexp(
         Mechanisms in Transformers*, 2020); the online log-sum-exp and recomputing backward
         follow T. Dao et al., *FlashAttention* (2022).
     """
-    check_shape("query", query, "seq dim")
+    check_matching_dim("query", query, "seq dim", "keys", keys, "mem dim")
     seq, dim = jnp.shape(query)
-    check_shape("keys", keys, "mem dim", dim=dim)
     mem = jnp.shape(keys)[0]
     if exclude_self and seq != mem:
         raise ValueError(f"exclude_self needs as many queries as keys, got {seq} and {mem}")

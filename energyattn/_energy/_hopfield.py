@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_mask, check_positive, check_shape, positive_int
+from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
 from ._attention_lse import (
     Implementation,
@@ -42,7 +42,10 @@ def hopfield_energy(
     leak probability), and a memory that no query may attend to (padding) affects neither the
     energy nor any gradient, whatever it holds. A query whose every memory is masked has an
     empty sum; its log-sum-exp is taken to be 0, so its energy is just
-    $\frac12\lVert q_i\rVert^2$ and its attention force is zero. Scores and the log-sum-exp
+    $\frac12\lVert q_i\rVert^2$ and its attention force is zero. An empty memory
+    (shape `(0, dim)`) follows the same rule for every query: the energy is
+    $\sum_i \frac12\lVert q_i\rVert^2$ (finite, not $+\infty$), and one step of size 1
+    maps every query to 0. Scores and the log-sum-exp
     are accumulated in at least float32 (bfloat16 inputs work). A NaN in an unmasked entry gives
     a NaN energy; `descend` and the layers check for it.
 
@@ -72,8 +75,7 @@ def hopfield_energy(
         eq. "energyfunc", and *Attention as Energy Minimization: Visualizing Energy Landscapes*
         (2021); H. Ramsauer et al., *Hopfield Networks is All You Need* (2020).
     """
-    check_shape("query", query, "seq dim")
-    check_shape("memory", memory, "mem dim", dim=jnp.shape(query)[-1])
+    check_matching_dim("query", query, "seq dim", "memory", memory, "mem dim")
     beta = check_positive("beta", beta)
     query = jnp.asarray(query)
     memory = jnp.asarray(memory)
@@ -147,6 +149,9 @@ class HopfieldEnergy(AbstractEnergy):
         self.block_size = None if block_size is None else resolve_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
+        check_matching_dim(
+            "x", x, "seq dim", "memory", self.memory, "mem dim", fixed="this energy's"
+        )
         return hopfield_energy(
             x,
             self.memory,
@@ -327,8 +332,7 @@ def dense_hopfield_energy(
         "Modern discrete Hopfield networks"; D. Krotov & J. Hopfield (2016); M. Demircigil et
         al. (2017).
     """
-    check_shape("state", state, "dim")
-    check_shape("patterns", patterns, "mem dim", dim=jnp.shape(state)[0])
+    check_matching_dim("state", state, "dim", "patterns", patterns, "mem dim")
     overlaps = jnp.asarray(patterns) @ jnp.asarray(state)
     values = jnp.asarray(separation(overlaps))
     if values.shape != overlaps.shape:

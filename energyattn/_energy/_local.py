@@ -2,12 +2,13 @@
 
 from typing import Any, Literal
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from .._checks import check_finite, check_positive, check_shape, shape_str
+from .._checks import check_finite, check_positive, check_shape, concrete_value, shape_str
 from .._custom_types import Scalar, ScalarLike
 from ._attention_lse import masked_logsumexp
 from ._base import AbstractEnergy
@@ -44,6 +45,28 @@ def _check_state(x: Any, couplings: Array) -> Array:
     return jnp.asarray(x)
 
 
+def check_token_index(i: Any, num_tokens: int) -> Array:
+    r"""`i` as an integer array in `[0, num_tokens)`: a `ValueError` naming the index and the
+    range when `i` is known at trace time, a runtime error (`eqx.error_if`) when it is traced.
+
+    Negative indices are refused rather than counted from the end: the mask that removes
+    the term $j = i$ and the row $J_{i\cdot}$ must refer to the same token."""
+    where = f"a token position in [0, {num_tokens}) (the couplings have N={num_tokens} tokens)"
+    if np.ndim(i) != 0:
+        raise ValueError(f"i must be {where}, a scalar, got shape {shape_str(np.shape(i))}")
+    concrete = concrete_value(i)
+    if concrete is not None:
+        if concrete.dtype == np.bool_ or not np.issubdtype(concrete.dtype, np.integer):
+            raise ValueError(f"i must be {where}, an integer, got {i!r}")
+        if not 0 <= int(concrete) < num_tokens:
+            raise ValueError(f"i must be {where}, got {int(concrete)}")
+        return jnp.asarray(i)
+    i = jnp.asarray(i)
+    if not jnp.issubdtype(i.dtype, jnp.integer):
+        raise ValueError(f"i must be {where}, an integer, got dtype {i.dtype}")
+    return eqx.error_if(i, (i < 0) | (i >= num_tokens), f"i must be {where}")
+
+
 def local_energy(
     x_i: Float[ArrayLike, " d"],
     x: Float[ArrayLike, "N d"],
@@ -70,7 +93,9 @@ def local_energy(
 
     - `x_i`: the token whose energy this is, shape `(d,)`.
     - `x`: all tokens (the context), shape `(N, d)`.
-    - `i`: the position of the token (an integer, may be traced).
+    - `i`: the position of the token, an integer in `[0, N)` (may be traced). An index
+      outside that range (negative ones included) is a `ValueError` naming it when `i` is
+      known at trace time, and a runtime error (`eqx.error_if`) when it is traced.
     - `couplings`: $J$, shape `(N, N, d, d)`; `couplings[i, j]` couples token $i$ to $j$.
     - `lam`: $\lambda > 0$, the inverse temperature (5 in the paper's training, 1 at use).
 
@@ -86,8 +111,13 @@ def local_energy(
     couplings = check_local_couplings(couplings)
     x = _check_state(x, couplings)
     check_shape("x_i", x_i, "d", d=couplings.shape[2])
+    i = check_token_index(i, couplings.shape[0])
     lam = check_positive("lam", lam)
-    x_i = jnp.asarray(x_i)
+    return _local_energy(jnp.asarray(x_i), x, i, couplings, lam)
+
+
+def _local_energy(x_i: Array, x: Array, i: Array, couplings: Array, lam: Array) -> Scalar:
+    """`local_energy` on checked inputs (`i` in range)."""
     num_tokens = couplings.shape[0]
     acc = jnp.promote_types(jnp.result_type(x_i, x, couplings), jnp.float32)
     others = jnp.arange(num_tokens) != i
@@ -111,8 +141,9 @@ def local_energies(
     """
     couplings = check_local_couplings(couplings)
     x = _check_state(x, couplings)
-    index = jnp.arange(couplings.shape[0])
-    return jax.vmap(lambda xi, i: local_energy(xi, x, i, couplings, lam=lam))(x, index)
+    lam = check_positive("lam", lam)
+    index = jnp.arange(couplings.shape[0])  # in range by construction: no runtime check
+    return jax.vmap(lambda xi, i: _local_energy(xi, x, i, couplings, lam))(x, index)
 
 
 def pseudo_likelihood_energy(

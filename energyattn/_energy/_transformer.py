@@ -7,12 +7,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_mask, check_positive, check_shape
+from .._checks import check_mask, check_matching_dim, check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
 from ._attention_lse import (
     Implementation,
     check_implementation,
     lse_rows,
+    masked_logsumexp,
     resolve_block_size,
     select_implementation,
 )
@@ -132,6 +133,9 @@ def transformer_memory_energy(
     - `kind`: `"relu"` (rectified quadratic, the ET default) or `"softmax"`.
     - `beta`: inverse temperature of the softmax form (ignored by `"relu"`).
 
+    With no memories (`(0, dim)`) both forms are 0: the softmax form's empty sum has a
+    log-sum-exp of 0, the rule of a fully masked attention row.
+
     **Returns:**
 
     The energy, a 0-d array.
@@ -140,8 +144,7 @@ def transformer_memory_energy(
 
         B. Hoover et al., *Energy Transformer* (NeurIPS 2023), "Memory Energy" in the tutorial.
     """
-    check_shape("g", g, "seq dim")
-    check_shape("memories", memories, "mem dim", dim=jnp.shape(g)[-1])
+    check_matching_dim("g", g, "seq dim", "memories", memories, "mem dim")
     g, memories = jnp.asarray(g), jnp.asarray(memories)
     acc = _accumulation_dtype(g, memories)
     hidden = jnp.einsum("bd,md->bm", g, memories, preferred_element_type=acc)
@@ -149,7 +152,7 @@ def transformer_memory_energy(
         return -0.5 * jnp.sum(jnp.square(jax.nn.relu(hidden)))
     if kind == "softmax":
         beta = check_positive("beta", beta).astype(acc)
-        return -jnp.sum(jax.nn.logsumexp(beta * hidden, axis=-1)) / beta
+        return -jnp.sum(masked_logsumexp(beta * hidden, None)) / beta
     raise ValueError(f"kind must be 'relu' or 'softmax', got {kind!r}")
 
 
@@ -203,6 +206,9 @@ class TransformerAttentionEnergy(AbstractEnergy):
         self.block_size = None if block_size is None else resolve_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
+        check_matching_dim(
+            "x", x, "seq dim", "w_query", self.w_query, "heads head_dim dim", fixed="this energy's"
+        )
         return transformer_attention_energy(
             x,
             self.w_query,
@@ -252,4 +258,7 @@ class TransformerMemoryEnergy(AbstractEnergy):
         self.kind = kind
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
+        check_matching_dim(
+            "x", x, "seq dim", "memories", self.memories, "mem dim", fixed="this energy's"
+        )
         return transformer_memory_energy(x, self.memories, kind=self.kind, beta=self.beta)

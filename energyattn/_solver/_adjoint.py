@@ -36,7 +36,7 @@ from ._iterate import (
     iterate,
     no_grad,
 )
-from ._linear import AbstractLinearSolver, AutoLinearSolver
+from ._linear import AbstractLinearSolver, AutoLinearSolver, describing
 from ._solution import Solution, finish
 
 
@@ -78,8 +78,12 @@ class ImplicitAdjoint(AbstractAdjoint):
       forward solver's factorisation when there is one (Newton) and otherwise picks dense
       or matrix-free by size ([`AutoLinearSolver`][energyattn.AutoLinearSolver]).
 
-    With `throw=True` in the solve, a linear solve that fails raises and says it was the
-    derivative's solve.
+    With `throw=True` in the solve, a linear solve that fails raises and says which pass
+    failed (the backward pass of reverse mode, or forward mode), which system it solved
+    (e.g. $(I - \partial f/\partial y)^\top v = g$ for a fixed point) and with which
+    linear solver, e.g. "implicit differentiation failed in the backward pass (reverse
+    mode, e.g. jax.grad): the implicit adjoint's linear solve of (I - ∂f/∂y)ᵀ v = g with
+    ea.GMRES did not converge within max_steps=1 matrix-vector products ...".
 
     ??? cite "Source"
 
@@ -151,9 +155,10 @@ def _implicit_jvp(primals, tangents, *, linear_solver, throw):
         return root, jnp.zeros_like(root)
     _, rhs = eqx.filter_jvp(lambda inputs: residual(root, inputs), (inputs,), (t_inputs,))
     _, matvec = jax.linearize(lambda y: residual(y, inputs), root)
-    t_root = linear_solver.solve(
-        matvec, -rhs, symmetric=problem.kind == "minimise", factor=factor, throw=throw
-    )
+    with describing(problem.kind):  # an error names the system and the pass
+        t_root = linear_solver.solve(
+            matvec, -rhs, symmetric=problem.kind == "minimise", factor=factor, throw=throw
+        )
     return root, t_root
 
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
-from .._checks import check_finite, check_positive, positive_int
+from .._checks import check_finite, check_positive, error_if_nonfinite, positive_int
 from .._custom_types import Scalar, ScalarLike, State
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution
@@ -87,7 +87,10 @@ def descend(
     - `activation`: optional $g(x)$, returning the same structure and shapes as `x`.
     - `return_trajectory`: also return every state (`Solution.trajectory`).
     - `throw`: raise (at run time) if the initial state or any recorded energy is NaN/inf
-      (default). With `throw=False` a diverging descent returns its non-finite values and
+      (default). The message names the cause: a NaN/inf initial state; an energy already
+      NaN/inf at the start, naming the first non-finite parameter of the energy or array in
+      `args` (e.g. `energy.memory`); or a descent that diverged from a finite start (the
+      step size). With `throw=False` a diverging descent returns its non-finite values and
       `RESULTS.nonfinite`.
     - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
@@ -143,11 +146,26 @@ def descend(
     )
     finite = jnp.all(jnp.isfinite(energies))
     if throw:
+        # Name the cause: a non-finite parameter or argument of the energy, or an energy
+        # that is already NaN/inf at the (finite, checked) start, is not the step size's fault.
+        start_ok = jnp.isfinite(energies[0])
         x_final, energies, trajectory = eqx.error_if(
             (x_final, energies, trajectory),
-            ~finite,
-            "ea.descend: the energy became NaN or inf; the step size is probably too large "
-            "(or the energy is unbounded below). Pass throw=False to inspect the trajectory.",
+            ~finite & start_ok,
+            "ea.descend: the descent diverged: the energy was finite at x0 and became NaN or "
+            "inf during the descent; the step size is probably too large (lower step_size), "
+            "or the energy is unbounded below. Pass throw=False to inspect "
+            "Solution.energies.",
+        )
+        x_final, energies, trajectory = error_if_nonfinite(
+            (x_final, energies, trajectory),
+            ~start_ok,
+            [("energy", energy), ("args", args)],
+            "ea.descend: the energy is NaN or inf at the initial state, before any step: "
+            "{} contains NaN or inf (not a step-size problem)",
+            "ea.descend: the energy is NaN or inf at the initial state x0 (which is finite), "
+            "before any step: x0 lies outside the energy's domain, or arrays the energy "
+            "closes over contain NaN or inf (not a step-size problem)",
         )
     return Solution(
         value=x_final,

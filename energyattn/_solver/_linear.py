@@ -13,7 +13,9 @@ break with a JAX release.
 """
 
 import abc
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import equinox as eqx
@@ -33,13 +35,49 @@ MatVec = Callable[[Flat], Flat]
 #: Up to this many unknowns the automatic choice builds the matrix and factorises it.
 DENSE_LIMIT = 512
 
+# The kind of problem whose derivative is being solved for ("fixed_point", "root",
+# "minimise"), set by the implicit adjoint around its linear solve, so that an error names
+# the system. A context variable keeps `AbstractLinearSolver.solve`'s signature unchanged.
+_KIND: contextvars.ContextVar[str | None] = contextvars.ContextVar("kind", default=None)
+
+#: The system each pass solves, by problem kind: (forward mode, reverse mode).
+_SYSTEMS = {
+    "fixed_point": ("(I - ∂f/∂y) u = r", "(I - ∂f/∂y)ᵀ v = g"),
+    "root": ("(∂F/∂y) u = r", "(∂F/∂y)ᵀ v = g"),
+    "minimise": (
+        "∇²E u = r (the Hessian at the minimum)",
+        "∇²E v = g (the Hessian at the minimum)",
+    ),
+}
+_GENERIC = ("A u = r", "Aᵀ v = g")  # A: the Jacobian of the residual at the solution
+
 _FAILED = (
-    "implicit differentiation failed: the linear system of the implicit function theorem "
-    "(the Jacobian of the residual at the solution, or its transpose in reverse mode) could "
-    "not be solved by {name}{why}. The solution may be singular (a degenerate or "
-    "non-isolated root, a flat minimum) or not converged; pass throw=False to get the "
-    "solution without this check, or try another ea.ImplicitAdjoint(linear_solver=...)"
+    "implicit differentiation failed in {which}: the implicit adjoint's linear solve of "
+    "{system} with {name} {why}. The solution may be singular (a degenerate or non-isolated "
+    "root, a flat minimum) or not converged; give the linear solver more steps or looser "
+    "tolerances, try another ea.ImplicitAdjoint(linear_solver=...), or pass throw=False to "
+    "skip this check"
 )
+
+
+@contextlib.contextmanager
+def describing(kind: str) -> Iterator[None]:
+    """Within this block, linear-solve errors name the system of a `kind` problem."""
+    token = _KIND.set(kind)
+    try:
+        yield
+    finally:
+        _KIND.reset(token)
+
+
+def _message(name: str, why: str, transpose: bool) -> str:
+    system = _SYSTEMS.get(_KIND.get(), _GENERIC)[int(transpose)]
+    which = (
+        "the backward pass (reverse mode, e.g. jax.grad)"
+        if transpose
+        else "the forward-mode derivative (jax.jvp / jacfwd)"
+    )
+    return _FAILED.format(which=which, system=system, name=name, why=why)
 
 
 def _dense_matrix(matvec: MatVec, b: Flat) -> Float[Array, "n n"]:
@@ -48,10 +86,10 @@ def _dense_matrix(matvec: MatVec, b: Flat) -> Float[Array, "n n"]:
     return jax.vmap(matvec, out_axes=1)(eye)
 
 
-def _checked(x: Flat, ok: Array, name: str, why: str, throw: bool) -> Flat:
+def _checked(x: Flat, ok: Array, message: str, throw: bool) -> Flat:
     if not throw:
         return x
-    return eqx.error_if(x, ~ok, _FAILED.format(name=name, why=why))
+    return eqx.error_if(x, ~ok, message)
 
 
 class AbstractLinearSolver(eqx.Module):
@@ -69,18 +107,23 @@ def _factored_solve(
     """Solve with a factorisation: `apply` is $A^{-1}$, `apply_t` is $A^{-\\top}$ (`None`
     for a symmetric $A$)."""
 
-    def checked(apply):
+    why = "failed: the matrix is singular (the solve gave NaN or inf)"
+
+    def checked(apply, transpose):
+        message = _message(name, why, transpose)
+
         def solve(_, rhs):
             x = apply(rhs)
-            ok = jnp.all(jnp.isfinite(x))
-            return _checked(x, ok, name, " (the matrix is singular)", throw)
+            return _checked(x, jnp.all(jnp.isfinite(x)), message, throw)
 
         return solve
 
     symmetric = apply_t is None
-    transpose_solve = None if symmetric else checked(apply_t)
+    # A symmetric matrix solves its transpose with the same factor; the error still says
+    # which pass failed.
+    transpose_solve = checked(apply if symmetric else apply_t, True)
     return jax.lax.custom_linear_solve(
-        matvec, b, checked(apply), transpose_solve, symmetric=symmetric
+        matvec, b, checked(apply, False), transpose_solve, symmetric=symmetric
     )
 
 
@@ -130,17 +173,25 @@ class _Krylov(AbstractLinearSolver):
     def solve(self, matvec, b, *, symmetric, factor, throw):
         rtol = default_tolerance(self.rtol, b.dtype)
         atol = default_tolerance(self.atol, b.dtype)
-        name = type(self).__name__
+        name = f"ea.{type(self).__name__}"
+        why = (
+            f"did not converge within max_steps={self.max_steps} matrix-vector products "
+            f"(rtol={rtol:.3g}, atol={atol:.3g}), or gave NaN or inf"
+        )
 
-        def run(operator, rhs):
-            x = self._run(operator, rhs, rtol, atol)
-            # The recomputed residual may exceed the solver's running estimate by round-off.
-            ok = rms(operator(x) - rhs) <= 2 * (atol + rtol * rms(rhs))
-            why = f" within max_steps={self.max_steps} products"
-            return _checked(x, ok & jnp.all(jnp.isfinite(x)), f"ea.{name}", why, throw)
+        def runner(transpose):
+            message = _message(name, why, transpose)
+
+            def run(operator, rhs):
+                x = self._run(operator, rhs, rtol, atol)
+                # The recomputed residual may exceed the running estimate by round-off.
+                ok = rms(operator(x) - rhs) <= 2 * (atol + rtol * rms(rhs))
+                return _checked(x, ok & jnp.all(jnp.isfinite(x)), message, throw)
+
+            return run
 
         return jax.lax.custom_linear_solve(
-            matvec, b, run, None if symmetric else run, symmetric=symmetric
+            matvec, b, runner(False), runner(True), symmetric=symmetric
         )
 
 

@@ -5,10 +5,11 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_mask, check_shape, positive_int
+from .._checks import check_finite, check_mask, check_shape, positive_int, shape_str
 
 
 def resolve_dims(
@@ -56,6 +57,17 @@ def project(layer: eqx.nn.Linear | None, x: Float[Array, "seq dim"]) -> Float[Ar
     return x if layer is None else jax.vmap(layer)(x)
 
 
+def _check_layer_dim(name: str, x: Any, length: str, dim: int, attribute: str) -> None:
+    """Rank first, then the feature dimension against the layer's, naming both."""
+    shape = np.shape(x)
+    if len(shape) == 2 and shape[1] != dim:
+        raise ValueError(
+            f"{name} has dimension {shape[1]} but the layer's {attribute} is {dim}: {name} "
+            f"must have shape ({length}, dim={dim}), got {shape_str(shape)}"
+        )
+    check_shape(name, x, f"{length} dim", dim=dim)
+
+
 def prepare_inputs(
     x: Float[ArrayLike, "seq query_dim"],
     context: Float[ArrayLike, "mem context_dim"] | None,
@@ -66,7 +78,7 @@ def prepare_inputs(
     Float[Array, "seq query_dim"], Float[Array, "mem context_dim"], Bool[Array, "seq mem"] | None
 ]:
     """Check shapes (ValueError) and finiteness (runtime error); self-attention if no context."""
-    check_shape("x", x, "seq dim", dim=query_dim)
+    _check_layer_dim("x", x, "seq", query_dim, "query_dim")
     x = check_finite("x", x)
     if context is None:
         if context_dim != query_dim:
@@ -76,7 +88,7 @@ def prepare_inputs(
             )
         context = x
     else:
-        check_shape("context", context, "mem dim", dim=context_dim)
+        _check_layer_dim("context", context, "mem", context_dim, "context_dim")
         context = check_finite("context", context)
     if mask is not None:
         mask = check_mask(mask, (x.shape[0], context.shape[0]), "seq mem")

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_positive, positive_int
+from .._checks import check_positive, error_if_nonfinite, positive_int
 from .._energy import HopfieldEnergy
 from .._energy._attention_lse import Implementation, check_implementation, select_implementation
 from .._solver import Solution, descend
@@ -192,9 +192,15 @@ class HopfieldAttention(eqx.Module):
         out = project(self.output_proj, merge_heads(result.value))
         if return_trajectory:
             return out, result
-        return eqx.error_if(
+        # The inputs were checked; a non-finite parameter is named rather than blamed on
+        # the step size.
+        return error_if_nonfinite(
             out,
             ~jnp.all(jnp.isfinite(out)),
-            "HopfieldAttention: the output became NaN or inf (the step size is probably too "
-            "large for num_steps > 1); call with return_trajectory=True to inspect the energies",
+            [("HopfieldAttention", self)],
+            "HopfieldAttention: the output is NaN or inf because the layer's parameter {} "
+            "contains NaN or inf (not a step-size problem)",
+            "HopfieldAttention: the output became NaN or inf during the descent (inputs and "
+            "parameters are finite): the step size is probably too large for num_steps > 1; "
+            "call with return_trajectory=True to inspect the energies",
         )

@@ -87,9 +87,12 @@ class MeanFieldAttention(eqx.Module):
       contraction with constant at most $c$: the fixed point exists, is unique and every
       solver reaches it. Training without it can drive the map out of the contractive
       regime, where solves stop converging (a reparametrisation, not part of the seed).
-    - `throw`: whether calling the layer raises when the solver does not converge (default).
-      With `False` the layer returns the best iterate found, like the seed's DEQ, and
-      `solve` reports the result code; training loops that must not stop use this.
+    - `throw`: whether calling the layer raises when the input is NaN/inf or the solver
+      does not converge (default). With `False` nothing raises: the layer returns the best
+      iterate found, like the seed's DEQ, and `solve` reports the result code; training
+      loops that must not stop use this. Under `jax.vmap` each example gets its own
+      answer and code: a NaN example returns the start (zeros: no finite iterate was
+      found) with `RESULTS.nonfinite`, and the other examples are unaffected.
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
     ??? cite "Source"
@@ -241,7 +244,10 @@ class MeanFieldAttention(eqx.Module):
         (`"tap"` with linear response) or `m`.
         """
         check_shape("x", x, "spins dim", spins=self.num_spins, dim=self.dim)
-        x = check_finite("the input x", jnp.asarray(x))
+        throw = self.throw if throw is None else bool(throw)
+        # The input check raises for a whole vmapped batch if one example is bad: with
+        # `throw=False` the solver's per-example result code reports it instead.
+        x = check_finite("the input x", x) if throw else jnp.asarray(x)
         state0 = self.init_state(x) if state0 is None else state0
         return fixed_point(
             self._map(),
@@ -250,7 +256,7 @@ class MeanFieldAttention(eqx.Module):
             solver=self.solver,
             adjoint=self.adjoint,
             max_steps=self.max_steps,
-            throw=self.throw if throw is None else throw,
+            throw=throw,
         )
 
     def __call__(
@@ -338,8 +344,9 @@ class MeanFieldTransformerBlock(eqx.Module):
 
     def fixed_point(self, x: Float[ArrayLike, "seq dim"], **kwargs: Any) -> Solution:
         """Solve $z = J(X) z - f_\\theta(z) + X$ (couplings frozen at $J(X)$); `kwargs` go to
-        [`ea.fixed_point`][energyattn.fixed_point]."""
-        x = check_finite("the input x", jnp.asarray(x))
+        [`ea.fixed_point`][energyattn.fixed_point] (with `throw=False` a NaN input is
+        reported by the result code, per example under `vmap`, instead of raising)."""
+        x = check_finite("the input x", x) if kwargs.get("throw", True) else jnp.asarray(x)
         J = self.couplings(x)
         return fixed_point(
             lambda z, inputs: neural_mean_field(z, inputs, J, self._correction), x, x, **kwargs

@@ -50,6 +50,10 @@ class VectorSpinAttention(eqx.Module):
     - `solver`: the [`ea.Newton`][energyattn.Newton] that finds the saddle point (its
       tolerances), and `max_steps` its most steps, as in
       [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
+    - `throw`: raise (at run time) when the input is NaN/inf or the saddle point is not
+      found (default). With `False` nothing raises, and under `jax.vmap` every example
+      keeps its own answer: a failed example's magnetizations are NaN and its result code
+      (`return_solution=True`) says why, while the other examples are unaffected.
     - `dtype`: parameter dtype (default: JAX's default float).
     - `key`: PRNG key for the initial parameters (keyword only).
 
@@ -70,6 +74,7 @@ class VectorSpinAttention(eqx.Module):
     solver: Newton
     mode: str = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -81,6 +86,7 @@ class VectorSpinAttention(eqx.Module):
         mode: Mode = "vector",
         solver: Newton | None = None,
         max_steps: int = 50,
+        throw: bool = True,
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
@@ -92,6 +98,7 @@ class VectorSpinAttention(eqx.Module):
         if not isinstance(self.solver, Newton):
             raise ValueError(f"solver must be ea.Newton(...), got {solver!r}")
         self.max_steps = positive_int("max_steps", max_steps)
+        self.throw = bool(throw)
         dtype = default_dtype(dtype)
         self.norm = eqx.nn.LayerNorm(self.dim, eps=1e-5, dtype=dtype)
         if input_dependent:
@@ -162,7 +169,7 @@ class VectorSpinAttention(eqx.Module):
             check_shape("x", x, "spins dim", spins=self.num_spins, dim=self.dim)
         else:
             check_shape("x", x, "spins dim", dim=self.dim)
-        H = self.fields(check_finite("x", x))
+        H = self.fields(check_finite("x", x) if self.throw else jnp.asarray(x))
         couplings = self.couplings(H) if self.J_raw is not None else self.couplings
         return magnetizations(
             couplings,
@@ -172,5 +179,6 @@ class VectorSpinAttention(eqx.Module):
             mode=self.mode,  # type: ignore[arg-type]
             solver=self.solver,
             max_steps=self.max_steps,
+            throw=self.throw,
             return_solution=return_solution,  # type: ignore[call-overload]
         )

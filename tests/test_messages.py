@@ -1,0 +1,185 @@
+"""Error messages and edge values that name the real cause (issue 18)."""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import energyattn as ea
+
+
+def _runtime_message(fn):
+    # A runtime error reaches the caller as EquinoxRuntimeError or, through some paths
+    # (plain `jax.jit`, a transposed linear solve), as JAX's runtime error quoting it.
+    with pytest.raises(Exception) as info:  # noqa: PT011
+        jax.block_until_ready(fn())
+    return str(info.value)
+
+
+# ------------------------------------------------------------------ site indices (local)
+
+
+def test_local_energy_index_out_of_range(user_mode):
+    J = jr.normal(jr.key(0), (4, 4, 2, 2))
+    x = jr.normal(jr.key(1), (4, 2))
+    for i in (10, -1, 4):
+        message = rf"i must be a token position in \[0, 4\) .*N=4 tokens\), got {i}"
+        with pytest.raises(ValueError, match=message):
+            ea.local_energy(x[0], x, i, J)
+    with pytest.raises(ValueError, match="an integer, got 1.0"):
+        ea.local_energy(x[0], x, 1.0, J)
+    # A traced index is checked when the program runs.
+    energy = eqx.filter_jit(lambda i: ea.local_energy(x[0], x, i, J))
+    assert np.isfinite(energy(3))
+    assert "i must be a token position in [0, 4)" in _runtime_message(lambda: energy(7))
+
+
+# ------------------------------------------------------------------ empty memory
+
+
+def test_empty_memory_follows_the_fully_masked_rule():
+    q = jr.normal(jr.key(0), (2, 3))
+    empty = jnp.zeros((0, 3))
+    quadratic = 0.5 * jnp.sum(q**2)
+    for implementation in ("naive", "blockwise"):
+        energy = ea.hopfield_energy(q, empty, implementation=implementation)
+        np.testing.assert_allclose(energy, quadratic, rtol=1e-12)
+        force = jax.grad(ea.hopfield_energy)(q, empty, implementation=implementation)
+        np.testing.assert_allclose(force, q, rtol=1e-12)  # no attention force
+    np.testing.assert_allclose(ea.HopfieldEnergy(empty)(q), quadratic, rtol=1e-12)
+    # The same value as a memory whose every entry is masked.
+    masked = ea.hopfield_energy(q, jnp.ones((4, 3)), mask=jnp.zeros((2, 4), bool))
+    np.testing.assert_allclose(masked, quadratic, rtol=1e-12)
+    assert np.all(ea.attention_logsumexp(q, empty) == 0)
+    assert ea.transformer_memory_energy(q, empty, kind="softmax") == 0
+
+
+# ------------------------------------------------------------------ query vs memory dimension
+
+
+def test_query_dimension_is_blamed_on_the_query(user_mode):
+    query, memory = jnp.ones((2, 4)), jnp.ones((5, 3))
+    message = re.escape(
+        "query has dimension 4 but the patterns of memory have dimension 3 "
+        "(query shape (2, 4), memory shape (5, 3))"
+    )
+    with pytest.raises(ValueError, match=message):
+        ea.hopfield_energy(query, memory)
+    message = re.escape(
+        "x has dimension 4 but the patterns of this energy's memory have dimension 3: "
+        "x must have shape (seq, dim=3), got (2, 4)"
+    )
+    with pytest.raises(ValueError, match=message):
+        ea.HopfieldEnergy(memory)(query)
+    with pytest.raises(ValueError, match="query has dimension 4 but the patterns of keys"):
+        ea.attention_logsumexp(query, memory)
+    with pytest.raises(ValueError, match="g has dimension 4 but the patterns of memories"):
+        ea.transformer_memory_energy(query, memory)
+    layer = ea.nn.HopfieldAttention(3, key=jr.key(0))
+    message = re.escape("x has dimension 4 but the layer's query_dim is 3")
+    with pytest.raises(ValueError, match=message):
+        layer(query)
+    message = re.escape("context has dimension 4 but the layer's context_dim is 3")
+    with pytest.raises(ValueError, match=message):
+        layer(jnp.ones((2, 3)), context=query)
+
+
+# ------------------------------------------------------------------ NaN: parameters vs step size
+
+
+def test_descend_names_nan_parameters_not_the_step_size():
+    memory = jr.normal(jr.key(0), (5, 3))
+    q = jr.normal(jr.key(1), (2, 3))
+    poisoned = memory.at[2, 1].set(jnp.nan)
+
+    def run(energy, args=None, x0=q, step_size=0.5, num_steps=2):
+        return lambda: ea.descend(energy, x0, args, step_size=step_size, num_steps=num_steps)
+
+    message = _runtime_message(run(ea.HopfieldEnergy(poisoned)))
+    assert "energy.memory contains NaN or inf" in message
+    assert "step size is" not in message
+    message = _runtime_message(run(lambda x, m: ea.hopfield_energy(x, m[0]), (poisoned,)))
+    assert "args[0] contains NaN or inf" in message
+    message = _runtime_message(run(ea.HopfieldEnergy(memory), x0=q.at[0, 0].set(jnp.nan)))
+    assert "the initial state x0 contains NaN or inf" in message
+    # A finite start that blows up is the step size's fault.
+    unbounded = run(lambda x, _: -jnp.sum(x**4), step_size=5.0, num_steps=30)
+    message = _runtime_message(unbounded)
+    assert "the descent diverged" in message and "lower step_size" in message
+
+
+def test_hopfield_attention_names_a_nan_parameter():
+    layer = ea.nn.HopfieldAttention(3, key=jr.key(0))
+    weight = layer.key_proj.weight.at[0, 0].set(jnp.inf)
+    bad = eqx.tree_at(lambda m: m.key_proj.weight, layer, weight)
+    message = _runtime_message(lambda: bad(jr.normal(jr.key(1), (4, 3))))
+    assert "parameter HopfieldAttention.key_proj.weight contains NaN or inf" in message
+
+
+# ------------------------------------------------------------------ throw=False under vmap
+
+
+def _batch(shape):
+    x = jr.normal(jr.key(1), (3, *shape))
+    return x.at[(1,) + (0,) * len(shape)].set(jnp.nan)
+
+
+def test_implicit_layers_throw_false_are_per_example_under_vmap():
+    nonfinite = int(ea.RESULTS.nonfinite._value)
+    x = _batch((3, 2))
+    clean = x.at[1].set(0.0)  # the same batch without the bad example: same compilation
+    mean_field = ea.nn.MeanFieldAttention(3, 2, throw=False, key=jr.key(0))
+    spin = ea.nn.VectorSpinAttention(3, 2, throw=False, key=jr.key(0))
+    runs = {
+        "mean field": lambda x: (mean_field(x), mean_field.solve(x)),
+        "spin": lambda x: spin(x, return_solution=True),
+    }
+    for name, run in runs.items():
+        run = eqx.filter_jit(jax.vmap(run))
+        out, solution = run(x)  # nothing raises
+        reference, _ = run(clean)
+        assert solution.result._value.tolist() == [0, nonfinite, 0], name
+        np.testing.assert_array_equal(out[::2], reference[::2])
+        # The bad example: the start (zeros: no finite iterate) for the mean-field layer,
+        # NaN magnetizations for the spin layer.
+        assert np.all(out[1] == 0) if name == "mean field" else np.all(np.isnan(out[1]))
+
+
+# ------------------------------------------------------------------ the backward pass
+
+
+def test_failing_backward_solve_says_it_was_the_backward_pass():
+    A = jnp.array([[0.5, 0.2, 0.0], [0.1, 0.3, 0.2], [0.0, 0.1, 0.4]])
+    gmres = ea.ImplicitAdjoint(ea.GMRES(max_steps=1, restart=1, rtol=1e-14, atol=1e-14))
+
+    def loss(b):
+        fn = lambda z, b: jnp.tanh(A @ z) + b  # noqa: E731
+        return ea.fixed_point(fn, jnp.zeros(3), b, adjoint=gmres).value.sum()
+
+    message = _runtime_message(lambda: jax.grad(loss)(jnp.ones(3)))
+    assert (
+        "implicit differentiation failed in the backward pass (reverse mode, e.g. jax.grad): "
+        "the implicit adjoint's linear solve of (I - ∂f/∂y)ᵀ v = g with ea.GMRES did not "
+        "converge within max_steps=1 matrix-vector products"
+    ) in message
+    message = _runtime_message(lambda: jax.jvp(loss, (jnp.ones(3),), (jnp.ones(3),)))
+    assert "failed in the forward-mode derivative" in message
+    assert "(I - ∂f/∂y) u = r with ea.GMRES" in message
+
+
+# ------------------------------------------------------------------ spin saddle point scale
+
+
+def test_float32_saddle_point_with_huge_fields():
+    J = 0.3 * jr.normal(jr.key(0), (4, 4))
+    J = (J + J.T) / 2 - jnp.diag(jnp.diag(J + J.T) / 2)
+    H = 1e15 * jr.normal(jr.key(1), (4, 3))
+    f32 = ea.spin.saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), 1.0, throw=False)
+    f64 = ea.spin.saddle_point(J, H, 1.0)
+    assert f32.value.dtype == jnp.float32
+    assert bool(f32.converged)
+    np.testing.assert_allclose(f32.value, f64.value, rtol=1e-5)
