@@ -209,3 +209,52 @@ def python_float(name: str, value: Any, *, allow_zero: bool = False) -> float:
     if not (np.isfinite(concrete) and ok):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return float(concrete)
+
+
+def check_image_shape(image_shape: Any, patch_size: Any) -> tuple[tuple[int, int, int], int]:
+    """Validated `((channels, height, width), patch_size)` with the sides divisible."""
+    patch_size = positive_int("patch_size", patch_size)
+    if len(tuple(image_shape)) != 3:
+        raise ValueError(
+            f"image_shape must be (channels, height, width), got {shape_str(tuple(image_shape))}"
+        )
+    channels, height, width = (
+        positive_int(name, n)
+        for name, n in zip(("channels", "height", "width"), image_shape, strict=True)
+    )
+    if height % patch_size or width % patch_size:
+        raise ValueError(
+            f"image of shape {shape_str((channels, height, width))} (channels, height, width) "
+            f"does not split into {patch_size}x{patch_size} patches: height and width must be "
+            f"divisible by patch_size={patch_size}"
+        )
+    return (channels, height, width), patch_size
+
+
+def check_pixels(name: str, pixels: Any) -> Array:
+    """`pixels` as an array, or an error unless every value is finite and in $[0, 1]$
+    (`ValueError` when the values are known at trace time, a runtime error under `jit`)."""
+    return check_values(name, pixels, lambda p: (p >= 0) & (p <= 1), "in [0, 1]")
+
+
+def num_corrupted(fraction: Any, size: int) -> int:
+    """`round(fraction * size)` for a concrete `fraction` in [0, 1], else a `ValueError`."""
+    if isinstance(fraction, bool):
+        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
+    if concrete_value(fraction) is None:
+        raise ValueError(
+            "fraction must be a concrete Python number (it fixes how many entries are "
+            "corrupted, a static shape); got a traced value: close over it instead of "
+            "passing it through jit/vmap"
+        )
+    if np.ndim(fraction) != 0:
+        raise ValueError(f"fraction must be a number in [0, 1], got shape {np.shape(fraction)}")
+    check_values("fraction", fraction, lambda f: (f >= 0) & (f <= 1), "in [0, 1]")
+    # The count is static: take it from the concrete value (under jit, jnp.asarray of a
+    # Python float is staged as a tracer).
+    return round(float(concrete_value(fraction)) * size)
+
+
+def default_dtype(dtype: Any) -> Any:
+    """`dtype`, or JAX's default float dtype (float64 under x64) when it is `None`."""
+    return jnp.result_type(float) if dtype is None else dtype

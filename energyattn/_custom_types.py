@@ -13,7 +13,7 @@ One vocabulary of dimension names is used across the package:
 | `spins`    | spins of a vector-spin model                        |
 """
 
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 from jaxtyping import Array, ArrayLike, Float, PyTree
 
@@ -23,3 +23,6 @@ Scalar: TypeAlias = Float[Array, ""]
 ScalarLike: TypeAlias = float | int | Float[ArrayLike, ""]
 #: The state an energy is a function of: an array or a pytree of arrays.
 State: TypeAlias = PyTree[Float[Array, "..."]]
+
+#: How the attractor network normalises its tokens.
+Normalisation = Literal["sphere", "layer", "none"]

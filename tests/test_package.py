@@ -60,3 +60,65 @@ def test_readme_example_runs(capsys):
     printed = float(capsys.readouterr().out.strip())
     assert printed < 1e-6  # one descent step equals softmax attention
     assert namespace["descent"].energies.shape == (8, 4)
+
+
+def _imports(path: pathlib.Path):
+    """The `energyattn` modules that `path` imports, as dotted names (relative imports
+    resolved), with the names imported from each."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            yield module, [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, []
+
+
+def _home(module: str) -> str:
+    """The package of the library a module belongs to: `energyattn.nn._hopfield` ->
+    `energyattn.nn`; the top-level shared modules (`energyattn._checks`, ...) are their own."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_the_library_never_imports_the_command_line_or_plots():
+    """The command line and its demos sit on top of the library, and `viz` only draws: no
+    module of the library imports them."""
+    for path in PACKAGE.rglob("*.py"):
+        home = _home(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        if home in ("energyattn._cli", "energyattn.viz", "energyattn.__main__"):
+            continue
+        for module, _ in _imports(path):
+            assert not module.startswith(("energyattn._cli", "energyattn.viz")), (path, module)
+            assert "demo" not in module, (path, module)
+
+
+def test_no_private_imports_across_packages():
+    """A package uses another one through that package's `__init__` (never its private
+    modules) and never imports another package's underscore names; helpers shared between
+    packages live in the top-level shared modules (`_checks`, `_custom_types`, `_io`,
+    `_linalg`, `_train`)."""
+    problems = []
+    for path in PACKAGE.rglob("*.py"):
+        own = _home(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        for module, names in _imports(path):
+            if not module.startswith("energyattn.") or _home(module) == own:
+                continue
+            if own == "energyattn.__init__" or path.parent == PACKAGE:
+                # the package's own __init__ re-exports; top-level modules are shared homes
+                if path.name == "__init__.py":
+                    continue
+            deeper = module.split(".")[2:]
+            if any(part.startswith("_") for part in deeper):
+                problems.append(f"{path.relative_to(PACKAGE)}: from {module} import {names}")
+            elif any(name.startswith("_") for name in names):
+                problems.append(f"{path.relative_to(PACKAGE)}: {module}.{names}")
+    assert not problems, "private imports across packages:\n" + "\n".join(problems)

@@ -1,6 +1,10 @@
+# The energies' interface to the rest of the package (solvers, spin model, layers); not
+# re-exported by `energyattn` itself.
 from ._attention_lse import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
+    Implementation as Implementation,
     attention_logsumexp as attention_logsumexp,
+    check_implementation as check_implementation,
     select_implementation as select_implementation,
 )
 from ._base import (
@@ -37,6 +41,7 @@ from ._mean_field import (
     GaussianSpinEnergy as GaussianSpinEnergy,
     apply_couplings as apply_couplings,
     attention_couplings as attention_couplings,
+    check_couplings as check_couplings,
     gaussian_spin_energy as gaussian_spin_energy,
     naive_mean_field as naive_mean_field,
     neural_mean_field as neural_mean_field,
@@ -58,6 +63,32 @@ from ._rbm import (
     cumulant as cumulant,
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
+)
+from ._smt import (
+    smt_gamma as smt_gamma,
+    smt_phi as smt_phi,
+    smt_phi_inverse as smt_phi_inverse,
+    smt_tap_update as smt_tap_update,
+)
+from ._spin import (
+    Mode as Mode,
+    Parts as Parts,
+    PhiEnergy as PhiEnergy,
+    check_mode as check_mode,
+    check_system as check_system,
+    check_t as check_t,
+    domain_value as domain_value,
+    expand as expand,
+    factor as factor,
+    grad_hess_from as grad_hess_from,
+    grad_hess_tp as grad_hess_tp,
+    input_couplings as input_couplings,
+    parts_from_factor as parts_from_factor,
+    phi as phi,
+    phi_grad as phi_grad,
+    phi_hessian as phi_hessian,
+    phi_terms as phi_terms,
+    symmetric_couplings as symmetric_couplings,
 )
 from ._transformer import (
     TransformerAttentionEnergy as TransformerAttentionEnergy,

@@ -1,17 +1,28 @@
+# The engine's interface to the rest of the package (the spin model's saddle point, layers and
+# models that report solver results); not re-exported by `energyattn` itself.
 from ._adjoint import (
     AbstractAdjoint as AbstractAdjoint,
     ImplicitAdjoint as ImplicitAdjoint,
     PhantomAdjoint as PhantomAdjoint,
     UnrolledAdjoint as UnrolledAdjoint,
+    implicit_value as implicit_value,
 )
-from ._descend import descend as descend
+from ._descend import descend as descend, trajectory_flag as trajectory_flag
 from ._fixed_point import (
     AbstractFixedPointSolver as AbstractFixedPointSolver,
     Anderson as Anderson,
     Picard as Picard,
     fixed_point as fixed_point,
 )
-from ._iterate import AbstractIterativeSolver as AbstractIterativeSolver
+from ._iterate import (
+    AbstractIterativeSolver as AbstractIterativeSolver,
+    AbstractObjective as AbstractObjective,
+    Problem as Problem,
+    bounded_while as bounded_while,
+    iterate as iterate,
+    no_grad as no_grad,
+    ok_result as ok_result,
+)
 from ._linear import (
     CG as CG,
     GMRES as GMRES,
@@ -20,6 +31,7 @@ from ._linear import (
     AutoLinearSolver as AutoLinearSolver,
     Cholesky as Cholesky,
 )
+from ._linesearch import Trial as Trial
 from ._local import local_forces as local_forces
 from ._minimise import LBFGS as LBFGS, minimise as minimise
 from ._root_find import Newton as Newton, root_find as root_find

@@ -5,32 +5,12 @@ so every function has static output shapes and works under `jax.jit` and `jax.vm
 which entries are corrupted depends on the key.
 """
 
-from typing import Any
-
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, Shaped
 
-from .._checks import check_values, concrete_value
-
-
-def _num_corrupted(fraction: Any, size: int) -> int:
-    """`round(fraction * size)` for a concrete `fraction` in [0, 1], else a `ValueError`."""
-    if isinstance(fraction, bool):
-        raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
-    if concrete_value(fraction) is None:
-        raise ValueError(
-            "fraction must be a concrete Python number (it fixes how many entries are "
-            "corrupted, a static shape); got a traced value: close over it instead of "
-            "passing it through jit/vmap"
-        )
-    if np.ndim(fraction) != 0:
-        raise ValueError(f"fraction must be a number in [0, 1], got shape {np.shape(fraction)}")
-    check_values("fraction", fraction, lambda f: (f >= 0) & (f <= 1), "in [0, 1]")
-    # The count is static: take it from the concrete value (under jit, jnp.asarray of a
-    # Python float is staged as a tracer).
-    return round(float(concrete_value(fraction)) * size)
+from .._checks import check_values, num_corrupted
 
 
 def _corruption_mask(
@@ -65,7 +45,7 @@ def flip_signs(
     An array of the same shape and dtype as `x`.
     """
     x = jnp.asarray(x)
-    count = _num_corrupted(fraction, x.size)
+    count = num_corrupted(fraction, x.size)
     return jnp.where(_corruption_mask(key, x.shape, count), -x, x)
 
 
@@ -96,7 +76,7 @@ def mask_entries(
     An array of the same shape and dtype as `x`.
     """
     x = jnp.asarray(x)
-    count = _num_corrupted(fraction, x.size)
+    count = num_corrupted(fraction, x.size)
     return jnp.where(_corruption_mask(key, x.shape, count), jnp.asarray(fill, x.dtype), x)
 
 

@@ -6,28 +6,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, PRNGKeyArray, Shaped
 
-from .._checks import positive_int, shape_str
+from .._checks import check_image_shape, positive_int, shape_str
 from ._corruption import _corruption_mask
-
-
-def check_image_shape(image_shape: Any, patch_size: Any) -> tuple[tuple[int, int, int], int]:
-    """Validated `((channels, height, width), patch_size)` with the sides divisible."""
-    patch_size = positive_int("patch_size", patch_size)
-    if len(tuple(image_shape)) != 3:
-        raise ValueError(
-            f"image_shape must be (channels, height, width), got {shape_str(tuple(image_shape))}"
-        )
-    channels, height, width = (
-        positive_int(name, n)
-        for name, n in zip(("channels", "height", "width"), image_shape, strict=True)
-    )
-    if height % patch_size or width % patch_size:
-        raise ValueError(
-            f"image of shape {shape_str((channels, height, width))} (channels, height, width) "
-            f"does not split into {patch_size}x{patch_size} patches: height and width must be "
-            f"divisible by patch_size={patch_size}"
-        )
-    return (channels, height, width), patch_size
 
 
 def patchify(

@@ -8,14 +8,8 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_values, positive_int, shape_str
-from ._patches import check_image_shape, patchify, unpatchify
-
-
-def check_pixels(name: str, pixels: Any) -> Array:
-    """`pixels` as an array, or an error unless every value is finite and in $[0, 1]$
-    (`ValueError` when the values are known at trace time, a runtime error under `jit`)."""
-    return check_values(name, pixels, lambda p: (p >= 0) & (p <= 1), "in [0, 1]")
+from .._checks import check_image_shape, check_pixels, positive_int, shape_str
+from ._patches import patchify, unpatchify
 
 
 def pixels_to_spins(pixels: Float[ArrayLike, "*shape"]) -> Float[Array, "*shape 2"]:

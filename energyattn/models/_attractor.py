@@ -12,12 +12,10 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
-from .._checks import positive_int, shape_str
-from .._custom_types import Scalar, ScalarLike
-from ..data._corruption import _num_corrupted, add_rescaled_noise
-from ..data._patches import check_image_shape, patchify, random_patch_mask, unpatchify
-from ..data._spin_tokens import SpinPatchEmbedding, check_pixels
-from ..nn._attractor import AttractorAttention, Normalisation
+from .._checks import check_image_shape, check_pixels, num_corrupted, positive_int, shape_str
+from .._custom_types import Normalisation, Scalar, ScalarLike
+from ..data import SpinPatchEmbedding, add_rescaled_noise, patchify, random_patch_mask, unpatchify
+from ..nn import AttractorAttention
 from ._training import TrainResult, fit
 
 Task = Literal["masked", "denoise"]
@@ -63,7 +61,7 @@ def corrupt_image(
     if task == "denoise":
         noisy = add_rescaled_noise(image, noise_variance, key=key)
         return noisy, jnp.zeros(num_patches, dtype=bool)
-    mask = random_patch_mask(key, num_patches, _num_corrupted(mask_fraction, num_patches))
+    mask = random_patch_mask(key, num_patches, num_corrupted(mask_fraction, num_patches))
     patches = patchify(image, patch_size)
     patches = jnp.where(mask[:, None], jnp.zeros((), patches.dtype), patches)
     return unpatchify(patches, image.shape, patch_size), mask

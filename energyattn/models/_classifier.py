@@ -12,13 +12,9 @@ import optax
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from .._checks import check_finite, positive_int, shape_str
-from .._solver._iterate import ok_result
-from .._solver._solution import RESULTS, Solution
-from ..data._patches import check_image_shape
-from ..nn._mean_field import MeanFieldAttention
-from ..nn._smt import SpinTransformerAttention
-from ..nn._softmax import SoftmaxAttention
+from .._checks import check_finite, check_image_shape, positive_int, shape_str
+from .._solver import RESULTS, Solution, ok_result
+from ..nn import MeanFieldAttention, SoftmaxAttention, SpinTransformerAttention
 from ._training import TrainResult, fit
 
 

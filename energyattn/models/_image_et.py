@@ -10,13 +10,12 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_finite, positive_int, shape_str
+from .._checks import check_finite, check_image_shape, default_dtype, positive_int, shape_str
 from .._custom_types import Scalar
 from .._io import atomic_output, check_output_file
 from .._solver import Solution
-from ..data._patches import check_image_shape, patchify, unpatchify
+from ..data import patchify, unpatchify
 from ..nn import EnergyTransformer
-from ..nn._common import default_dtype
 
 
 class ImageEnergyTransformer(eqx.Module):

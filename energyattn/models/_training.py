@@ -19,7 +19,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from .._checks import check_positive, positive_int, shape_str
 from .._io import atomic_output, check_output_file
 from .._train import train_step
-from ..data._patches import random_patch_mask
+from ..data import random_patch_mask
 from ._image_et import ImageEnergyTransformer, masked_patch_error, masked_patch_mse
 
 

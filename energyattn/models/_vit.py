@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
-from .._checks import positive_int
-from ..data._patches import check_image_shape, patchify, unpatchify
+from .._checks import check_image_shape, positive_int
+from ..data import patchify, unpatchify
 from ._attractor import Task, _check_images, _check_task, corrupt_image
 from ._training import TrainResult, fit
 

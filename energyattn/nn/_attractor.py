@@ -10,13 +10,10 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_positive, check_shape, positive_int
-from .._custom_types import Scalar, ScalarLike
+from .._checks import check_finite, check_positive, check_shape, default_dtype, positive_int
+from .._custom_types import Normalisation, Scalar, ScalarLike
 from .._energy import local_energies, local_energy, project_couplings, pseudo_likelihood_energy
 from .._solver import local_forces
-from ._common import default_dtype
-
-Normalisation = Literal["sphere", "layer", "none"]
 
 
 def normalise_tokens(x: Float[Array, "N d"], kind: Normalisation) -> Float[Array, "N d"]:

@@ -4,7 +4,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
@@ -101,7 +100,3 @@ def split_heads(x: Float[Array, "seq inner"], num_heads: int) -> Float[Array, "h
 
 def merge_heads(x: Float[Array, "heads seq head_dim"]) -> Float[Array, "seq inner"]:
     return rearrange(x, "h s d -> s (h d)")
-
-
-def default_dtype(dtype: Any) -> Any:
-    return jnp.result_type(float) if dtype is None else dtype

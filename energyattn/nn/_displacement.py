@@ -98,7 +98,3 @@ def self_attention_displacement(
     program = _displacement_program(num_patterns, int(dims_.max()), dtype.name)
     norms = program(keys, jnp.asarray(dims_, jnp.int32), jnp.asarray(scales_, dtype))
     return np.asarray(norms, np.float64).T
-
-
-# Public as `ea.nn.self_attention_displacement` (documented there, beside the contour plot).
-self_attention_displacement.__module__ = "energyattn.viz"

@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_mask, check_positive, check_shape, positive_int
+from .._checks import (
+    check_finite,
+    check_mask,
+    check_positive,
+    check_shape,
+    default_dtype,
+    positive_int,
+)
 from .._custom_types import Scalar
 from .._energy import (
     SumEnergy,
@@ -19,9 +26,7 @@ from .._energy import (
     transformer_attention_energy,
     transformer_memory_energy,
 )
-from .._solver import Solution, descend
-from .._solver._descend import trajectory_flag
-from ._common import default_dtype
+from .._solver import Solution, descend, trajectory_flag
 
 
 class EnergyLayerNorm(eqx.Module):

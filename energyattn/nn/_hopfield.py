@@ -8,19 +8,10 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_positive, error_if_nonfinite, positive_int
-from .._energy import HopfieldEnergy
-from .._energy._attention_lse import Implementation, check_implementation, select_implementation
+from .._checks import check_positive, default_dtype, error_if_nonfinite, positive_int
+from .._energy import HopfieldEnergy, Implementation, check_implementation, select_implementation
 from .._solver import Solution, descend
-from ._common import (
-    default_dtype,
-    linear,
-    merge_heads,
-    prepare_inputs,
-    project,
-    resolve_dims,
-    split_heads,
-)
+from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims, split_heads
 
 
 class HopfieldAttention(eqx.Module):

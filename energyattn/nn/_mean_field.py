@@ -11,8 +11,8 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_shape, positive_int
-from .._energy._mean_field import (
+from .._checks import check_finite, check_shape, default_dtype, positive_int
+from .._energy import (
     attention_couplings,
     check_couplings,
     neural_mean_field,
@@ -21,11 +21,14 @@ from .._energy._mean_field import (
     transformer_block_as_mean_field,
     vector_couplings,
 )
-from .._solver._adjoint import AbstractAdjoint, ImplicitAdjoint
-from .._solver._fixed_point import Anderson, fixed_point
-from .._solver._iterate import AbstractIterativeSolver
-from .._solver._solution import Solution
-from ._common import default_dtype
+from .._solver import (
+    AbstractAdjoint,
+    AbstractIterativeSolver,
+    Anderson,
+    ImplicitAdjoint,
+    Solution,
+    fixed_point,
+)
 
 Variant = Literal["neural", "tap"]
 

@@ -9,13 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_mask, check_positive, check_shape, positive_int
+from .._checks import check_mask, check_positive, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
-from .._solver._adjoint import AbstractAdjoint
-from .._solver._iterate import AbstractIterativeSolver
-from .._solver._solution import Solution
-from ..spin._smt import DEFAULT_SOLVER, smt_steady_state
-from ._common import default_dtype, linear
+from .._solver import AbstractAdjoint, AbstractIterativeSolver, Solution
+from ..spin import smt_steady_state
+from ._common import linear
 
 
 class SpinTransformerAttention(eqx.Module):
@@ -63,7 +61,7 @@ class SpinTransformerAttention(eqx.Module):
     """
 
     to_qk: eqx.nn.Linear
-    solver: AbstractIterativeSolver
+    solver: AbstractIterativeSolver | None  # None: smt_steady_state's default
     adjoint: AbstractAdjoint | None
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
@@ -99,7 +97,7 @@ class SpinTransformerAttention(eqx.Module):
             )
         self.beta = float(check_positive("beta", beta))
         self.scale_couplings = bool(scale_couplings)
-        self.solver = DEFAULT_SOLVER if solver is None else solver
+        self.solver = solver
         self.adjoint = adjoint
         self.max_steps = positive_int("max_steps", max_steps)
         self.throw = bool(throw)

@@ -8,15 +8,8 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from ._common import (
-    default_dtype,
-    linear,
-    merge_heads,
-    prepare_inputs,
-    project,
-    resolve_dims,
-    split_heads,
-)
+from .._checks import default_dtype
+from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims, split_heads
 
 
 def _masked_softmax(

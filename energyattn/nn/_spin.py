@@ -9,13 +9,12 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_positive, check_shape, positive_int
+from .._checks import check_finite, check_positive, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
-from .._energy._spin import Mode, check_mode, input_couplings, symmetric_couplings
-from .._solver._root_find import Newton
-from .._solver._solution import Solution
-from ..spin._afem import magnetizations
-from ._common import default_dtype, linear
+from .._energy import Mode, check_mode, input_couplings, symmetric_couplings
+from .._solver import Newton, Solution
+from ..spin import magnetizations
+from ._common import linear
 
 
 class VectorSpinAttention(eqx.Module):

@@ -10,18 +10,16 @@ functions `smt_*`, whose steady state `smt_magnetizations` is the output of
 Everything is unbatched; use `jax.vmap` for batches.
 """
 
-from .._energy._smt import (
-    smt_gamma as smt_gamma,
-    smt_phi as smt_phi,
-    smt_phi_inverse as smt_phi_inverse,
-    smt_tap_update as smt_tap_update,
-)
-from .._energy._spin import (
+from .._energy import (
     PhiEnergy as PhiEnergy,
     input_couplings as input_couplings,
     phi as phi,
     phi_grad as phi_grad,
     phi_hessian as phi_hessian,
+    smt_gamma as smt_gamma,
+    smt_phi as smt_phi,
+    smt_phi_inverse as smt_phi_inverse,
+    smt_tap_update as smt_tap_update,
     symmetric_couplings as symmetric_couplings,
 )
 from ._afem import (

@@ -32,7 +32,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_finite, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
-from .._energy._spin import (
+from .._energy import (
     Mode,
     Parts,
     check_mode,
@@ -47,11 +47,18 @@ from .._energy._spin import (
     phi_terms,
 )
 from .._linalg import upper_cholesky
-from .._solver._adjoint import implicit_value
-from .._solver._iterate import AbstractObjective, Problem, bounded_while, iterate, no_grad
-from .._solver._linesearch import Trial
-from .._solver._root_find import Newton
-from .._solver._solution import RESULTS, Solution
+from .._solver import (
+    RESULTS,
+    AbstractObjective,
+    Newton,
+    Problem,
+    Solution,
+    Trial,
+    bounded_while,
+    implicit_value,
+    iterate,
+    no_grad,
+)
 
 Couplings = Float[ArrayLike, "spins spins"] | Callable[[Float[Array, "spins dim"]], Array]
 

@@ -8,11 +8,15 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_positive, check_shape, positive_int
 from .._custom_types import ScalarLike
-from .._energy._smt import smt_phi, smt_tap_update
-from .._solver._adjoint import AbstractAdjoint
-from .._solver._fixed_point import Anderson, fixed_point
-from .._solver._iterate import AbstractIterativeSolver
-from .._solver._solution import RESULTS, Solution
+from .._energy import smt_phi, smt_tap_update
+from .._solver import (
+    RESULTS,
+    AbstractAdjoint,
+    AbstractIterativeSolver,
+    Anderson,
+    Solution,
+    fixed_point,
+)
 
 #: The module's default solver: Anderson with the reference's history (5) and mixing (1).
 DEFAULT_SOLVER = Anderson(rtol=1e-5, atol=1e-6, history=5)

@@ -9,14 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from ..spin._curves import (
+from ._figure import new_figure, save
+from ._spin_numbers import (
     phi_on_scalar_grid,
     phi_on_vector_grid,
     scalar_saddle,
     spin_system,
     vector_saddle,
 )
-from ._figure import new_figure, save
 
 
 def _clip_ylim(ax: Any, *curves: np.ndarray, upper: float = 0.85) -> None:

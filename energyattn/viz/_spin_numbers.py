@@ -1,6 +1,6 @@
-r"""Numbers behind the spin-system figures of `ea.viz`: $\varphi$ on grids of $t$ and the
-saddle point, through the package's one $\varphi$ (`energyattn._energy._spin`) and its one
-saddle point and log-partition (`energyattn.spin._afem`). Compiled once per shape."""
+r"""What the spin-system figures draw: `ea.spin`'s own $\varphi$, saddle point and free
+energy evaluated on grids of $t$ (no second copy of the model's numerics), compiled once per
+shape."""
 
 from typing import Any
 
@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._energy._spin import check_system, phi
-from ._afem import free_energy, saddle_point
+from .._energy import check_system
+from ..spin import free_energy, phi, saddle_point
 
 
 def spin_system(J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
