@@ -422,11 +422,8 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
     from energyattn._cli import main
 
     base = ["attractor", "--train-steps", "3", "--iterations", "3", "--no-progress"]
-    # Denoising with both baselines, then masked prediction with the attractor alone.
-    runs = {
-        "denoise": ["--tasks", "denoise", "--baseline-steps", "2"],
-        "masked": ["--tasks", "masked", "--no-baselines"],
-    }
+    # Denoising with both baselines (masked prediction without them: the next test).
+    runs = {"denoise": ["--tasks", "denoise", "--baseline-steps", "2"]}
     for task, extra in runs.items():
         out = tmp_path / task
         assert main([*base, "--out", str(out), *extra]) == 0
@@ -470,6 +467,10 @@ def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
         progress_bar=False,
     )
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+    for name in ("mse_vs_iteration.png", "reconstructions_masked.png", "couplings.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "masked_region" in metrics["tasks"]["masked"][TRAINED]
+    assert "masked_region" not in metrics["tasks"]["denoise"][TRAINED]
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images, np.float32)[:, None]
     mean = train.mean(axis=0)
