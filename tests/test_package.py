@@ -122,3 +122,10 @@ def test_no_private_imports_across_packages():
             elif any(name.startswith("_") for name in names):
                 problems.append(f"{path.relative_to(PACKAGE)}: {module}.{names}")
     assert not problems, "private imports across packages:\n" + "\n".join(problems)
+
+
+def test_namespace_shows_only_the_subpackages():
+    """`dir(energyattn)` lists the library's own modules, not the ones it happens to import."""
+    modules = {n for n in dir(ea) if not n.startswith("_") and inspect.ismodule(getattr(ea, n))}
+    modules.discard("jaxtyping")  # injected by the suite's runtime type-checking import hook
+    assert modules == {"data", "models", "nn", "parallel", "spin", "viz"}
