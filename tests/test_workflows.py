@@ -1,8 +1,6 @@
 """Training workflows that never lose work: any step count, divergence named, outputs checked
 before training, checkpoints that refuse to load into the wrong model."""
 
-import time
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -112,7 +110,6 @@ def test_bad_checkpoint_path_fails_before_training(tmp_path):
     def record(step, loss):
         steps.append(step)
 
-    began = time.perf_counter()
     with pytest.raises(FileNotFoundError, match="/nonexistent-folder/x.eqx"):
         ea.models.train_inpainting(
             tiny_et(), tiny_images(), key=jr.key(1), num_steps=5, num_masked=1, batch_size=2,
@@ -124,7 +121,7 @@ def test_bad_checkpoint_path_fails_before_training(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match="file/x.eqx"):
         train_tiny("reconstruction", 5, checkpoint=tmp_path / "file" / "x.eqx")
-    assert steps == [] and time.perf_counter() - began < 5.0
+    assert steps == []  # no training step ran before the path was refused
     with pytest.raises(FileNotFoundError, match="no-folder"):
         ea.models.save_checkpoint(tmp_path / "no-folder" / "c.eqx", {"w": jnp.ones(2)})
 
