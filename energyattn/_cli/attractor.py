@@ -3,7 +3,6 @@ its own untrained initialisation, a trivial baseline and the paper's backpropaga
 baselines."""
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,15 +14,14 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array
 
-from .._io import atomic_write_text, check_output_dir
 from .common import (
     add_command,
     add_progress_flag,
     check_out,
-    fail,
     int_at_least,
     run,
     say,
+    write_metrics,
 )
 
 TASKS = ("masked", "denoise")
@@ -83,10 +81,6 @@ def add_parser(commands: Any) -> None:
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """`energyattn attractor`: check `--out` first, then `run_attractor_demo` (which prints
     each curve's summary)."""
-    try:
-        check_out(args.out)
-    except OSError as error:
-        return fail("attractor", str(error))
     print(f"energyattn attractor: tasks {', '.join(args.tasks)}, seed {args.seed}")
     metrics = run(
         "attractor",
@@ -241,7 +235,7 @@ def run_attractor_demo(
     tasks = tuple(tasks)
     if not tasks or any(task not in TASK_TITLES for task in tasks):
         raise ValueError(f"tasks must be a non-empty subset of {tuple(TASK_TITLES)}, got {tasks}")
-    out = check_output_dir(out)  # before any data, compilation or training
+    out = check_out(out)  # before any data, compilation or training
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images, np.float32)[:, None]
     eval_key = jr.PRNGKey(seed + 100)
@@ -364,5 +358,5 @@ def run_attractor_demo(
         out / "mse_vs_iteration.png",
         title="test MSE against iteration (digits, held out)",
     )
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_metrics(out / "metrics.json", metrics)
     return metrics
