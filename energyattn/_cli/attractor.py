@@ -79,8 +79,8 @@ def add_parser(commands: Any) -> None:
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """`energyattn attractor`: check `--out` first, then `run_attractor_demo` (which prints
-    each curve's summary)."""
+    """`energyattn attractor`: `run_attractor_demo`, which checks `--out` before any work and
+    prints each curve's summary."""
     print(f"energyattn attractor: tasks {', '.join(args.tasks)}, seed {args.seed}")
     metrics = run(
         "attractor",
