@@ -19,6 +19,7 @@ from ._iterate import (
     AbstractObjective as AbstractObjective,
     Problem as Problem,
     bounded_while as bounded_while,
+    flatten_problem as flatten_problem,
     iterate as iterate,
     no_grad as no_grad,
     ok_result as ok_result,

@@ -10,6 +10,12 @@ from ._energy_transformer import (
     EnergyTransformer as EnergyTransformer,
 )
 from ._hopfield import HopfieldAttention as HopfieldAttention
+from ._hopfield_layers import (
+    Hopfield as Hopfield,
+    HopfieldHeadsEnergy as HopfieldHeadsEnergy,
+    HopfieldLayer as HopfieldLayer,
+    HopfieldPooling as HopfieldPooling,
+)
 from ._mean_field import (
     MeanFieldAttention as MeanFieldAttention,
     MeanFieldTransformerBlock as MeanFieldTransformerBlock,

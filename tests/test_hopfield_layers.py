@@ -1,0 +1,375 @@
+"""Hopfield, HopfieldPooling and HopfieldLayer: hopfield-layers' numbers, and the energy view.
+
+The four `hfl_*.npz` fixtures were computed by hopfield-layers itself (PyTorch, float64; see
+`../shared/fixtures/README.md`, section 4). Everything else is checked against independent
+formulas written here or against the package's energy and solvers.
+"""
+
+import json
+import pathlib
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import energyattn as ea
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+INPUTS = ("input", "stored_pattern", "state_pattern", "pattern_projection")
+MASKS = ("stored_pattern_padding_mask", "association_mask")
+CASES = {
+    "full_perturbed": ea.nn.Hopfield,
+    "plain": ea.nn.Hopfield,
+    "pooling": ea.nn.HopfieldPooling,
+    "layer": ea.nn.HopfieldLayer,
+}
+
+
+def load_case(case):
+    with np.load(FIXTURES / f"hfl_{case}.npz") as data:
+        arrays = dict(data)
+    meta = json.loads(str(arrays.pop("meta_json")))
+    config = dict(meta["constructor_kwargs_passed"])
+    config.pop("batch_first", None)
+    skip = {*INPUTS, *MASKS, "output", "output_unfused", "association_matrix"}
+    params = {
+        name.replace("__", "."): jnp.asarray(value)
+        for name, value in arrays.items()
+        if name not in skip and not name.startswith(("grad", "xi_iter"))
+    }
+    inputs = {name: jnp.asarray(arrays[name]) for name in INPUTS if name in arrays}
+    return arrays, config, params, inputs
+
+
+def batched_call(model, inputs, arrays, method=None):
+    """The model on the fixture's batch of 2, masks as hopfield-layers got them."""
+    if "input" in inputs:
+        x = inputs["input"]
+    else:
+        x = (inputs["stored_pattern"], inputs["state_pattern"], inputs["pattern_projection"])
+    fn = model if method is None else getattr(model, method)
+    extra = {}
+    if "association_mask" in arrays:
+        extra["association_mask"] = arrays["association_mask"]
+    if "stored_pattern_padding_mask" in arrays:
+        pad = arrays["stored_pattern_padding_mask"]
+        return jax.vmap(lambda x, p: fn(x, stored_pattern_padding_mask=p, **extra))(x, pad)
+    return jax.vmap(lambda x: fn(x, **extra))(x)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    """One fixture: its arrays, and our output, association matrix and gradients."""
+    arrays, config, params, inputs = load_case(request.param)
+    cls = CASES[request.param]
+
+    def loss(params, inputs):
+        out = batched_call(cls.from_state_dict(params, **config), inputs, arrays)
+        return jnp.sum(out**2), out
+
+    (g_params, g_inputs), out = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))(
+        params, inputs
+    )
+    model = cls.from_state_dict(params, **config)
+    association = batched_call(model, inputs, arrays, "association_matrix")
+    return request.param, arrays, out, association, {**g_params, **g_inputs}
+
+
+def test_outputs_and_association_matrices_equal_hopfield_layers(case):
+    name, arrays, out, association, _ = case
+    np.testing.assert_allclose(out, arrays["output"], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(association, arrays["association_matrix"], rtol=1e-10, atol=1e-12)
+    if name == "full_perturbed":  # the perturbed weights make the association sharp
+        assert float(jnp.max(association)) > 0.9
+
+
+def test_gradients_equal_hopfield_layers(case):
+    """Every parameter and input gradient of Σ out². Where hopfield-layers took a fused
+    branch (quirk 1), the comparison is with its general branch (`grad_unfused__*`)."""
+    name, arrays, _, _, grads = case
+    assert len(grads) == sum(k.startswith("grad__") for k in arrays)
+    for param, grad in grads.items():
+        key = param.replace(".", "__")
+        ref = arrays.get("grad_unfused__" + key, arrays["grad__" + key])
+        # Quirk 2: with one retrieval the key bias and the stored-pattern norm's bias
+        # cannot change the softmax; the files hold round-off there (<= 4e-16).
+        atol = 1e-14 * max(1.0, float(np.max(np.abs(ref))))
+        np.testing.assert_allclose(grad, ref, rtol=1e-10, atol=atol, err_msg=f"{name}: {param}")
+
+
+def test_the_fused_branch_gives_the_used_norm_the_sum_of_the_three_gradients():
+    """hopfield-layers' fused self-attention branch (quirk 1) uses LN_state for all three
+    inputs: its gradient is the sum of our three separate ones, the others get none."""
+    arrays, config, params, inputs = load_case("plain")
+    grads = jax.grad(
+        lambda p: jnp.sum(
+            batched_call(ea.nn.Hopfield.from_state_dict(p, **config), inputs, arrays) ** 2
+        )
+    )(params)
+    norms = ("norm_stored_pattern", "norm_state_pattern", "norm_pattern_projection")
+    for part in ("weight", "bias"):
+        total = sum(grads[f"{n}.{part}"] for n in norms)
+        np.testing.assert_allclose(total, arrays[f"grad__norm_state_pattern__{part}"], atol=1e-14)
+        assert not np.any(arrays[f"grad__norm_stored_pattern__{part}"])
+
+
+def test_state_dict_round_trip_and_bad_state_dicts(user_mode):
+    arrays, config, params, inputs = load_case("full_perturbed")
+    model = ea.nn.Hopfield.from_state_dict(params, **config)
+    back = model.to_state_dict()
+    assert set(back) == set(params)
+    for name in params:
+        np.testing.assert_array_equal(back[name], params[name])
+    pooling = ea.nn.HopfieldPooling(6, quantity=2, num_heads=2, key=jr.PRNGKey(0))
+    again = ea.nn.HopfieldPooling.from_state_dict(
+        pooling.to_state_dict(), input_size=6, quantity=2, num_heads=2
+    )
+    assert eqx.tree_equal(pooling, again)
+
+    missing = {k: v for k, v in params.items() if k != "association_core.in_proj_bias"}
+    with pytest.raises(ValueError, match="no 'association_core.in_proj_bias'"):
+        ea.nn.Hopfield.from_state_dict(missing, **config)
+    wrong = {**params, "norm_state_pattern.bias": jnp.zeros(5)}
+    with pytest.raises(ValueError, match=r"'norm_state_pattern.bias' has shape \(5,\)"):
+        ea.nn.Hopfield.from_state_dict(wrong, **config)
+    with pytest.raises(ValueError, match="does not have: \\['extra'\\]"):
+        ea.nn.Hopfield.from_state_dict({**params, "extra": jnp.zeros(1)}, **config)
+    with pytest.raises(ValueError, match="batch_first must be True"):
+        ea.nn.Hopfield.from_state_dict(params, **config, batch_first=False)
+
+
+def reference_retrieval(q, k, beta, allowed, steps_max, eps):
+    """hopfield-layers' loop for one head and one example, written out in NumPy."""
+    q, k = np.asarray(q), np.asarray(k)
+
+    def softmax(s):
+        s = np.where(allowed, s, -np.inf)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    xi, t = softmax(beta * q @ k.T), 0
+    while t < steps_max:
+        new = softmax(beta * (xi @ k) @ k.T)
+        change = np.linalg.norm(new - xi)
+        xi, t = new, t + 1
+        if change <= eps:
+            break
+    return xi, t
+
+
+def test_early_stopping_is_per_example_under_vmap():
+    """Two examples that need different numbers of updates: each stops on its own (no batch
+    coupling, unlike hopfield-layers), and each equals the example run alone and the loop
+    written out in NumPy."""
+    layer = ea.nn.Hopfield(
+        4,
+        update_steps_max=12,
+        update_steps_eps=1e-6,
+        normalize_stored_pattern=False,
+        normalize_stored_pattern_affine=False,
+        normalize_state_pattern=False,
+        normalize_state_pattern_affine=False,
+        state_pattern_as_static=True,
+        stored_pattern_as_static=True,
+        scaling=2.0,
+        key=jr.PRNGKey(0),
+    )
+    stored = jr.normal(jr.PRNGKey(1), (5, 4))
+    # A state near a stored pattern and one between two patterns converge at different speeds.
+    states = jnp.stack([stored[:1] * 3.0, 0.5 * (stored[1:2] + stored[2:3])])
+
+    def run(state):
+        x = (stored, state, stored)
+        return layer(x), layer.association_matrix(x), layer.num_updates(x)
+
+    outs, assoc, steps = jax.vmap(run)(states)
+    assert steps[0, 0] != steps[1, 0]
+    for b in range(2):
+        alone = run(states[b])
+        np.testing.assert_allclose(outs[b], alone[0], rtol=1e-13, atol=1e-15)
+        xi, t = reference_retrieval(states[b], stored, 2.0, True, 12, 1e-6)
+        assert int(steps[b, 0]) == t
+        np.testing.assert_allclose(assoc[b, 0], xi, rtol=1e-10, atol=1e-14)
+
+
+def test_each_update_is_a_gradient_step_on_the_layers_energy():
+    """T updates of the layer = `ea.descend` of its energy, T steps of size 1 (no early stop),
+    and its final association matrix is the softmax at the descended state."""
+    key = jr.PRNGKey(2)
+    layer = ea.nn.Hopfield(
+        6, num_heads=2, update_steps_max=3, update_steps_eps=1e-300, scaling=[0.7, 1.3], key=key
+    )
+    x = jr.normal(jr.PRNGKey(3), (5, 6))
+    association_mask = jr.bernoulli(jr.PRNGKey(4), 0.3, (5, 5))
+    energy, start = layer.energy(x, association_mask=association_mask)
+    solution = ea.descend(energy, start, step_size=1.0, num_steps=3, return_trajectory=True)
+    assert bool(jnp.all(jnp.diff(solution.energies) <= 1e-12))  # the energy never rises
+    final = solution.value
+    allowed = ~association_mask
+    expected = jnp.stack(
+        [
+            jax.nn.softmax(jnp.where(allowed, b * f @ k.T, -jnp.inf), axis=-1)
+            for f, k, b in zip(final, energy.keys, (0.7, 1.3), strict=True)
+        ]
+    )
+    got = layer.association_matrix(x, association_mask=association_mask)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-14)
+    np.testing.assert_array_equal(layer.num_updates(x, association_mask=association_mask), [3, 3])
+
+
+def test_unlimited_updates_converge_and_differentiate_at_the_fixed_point():
+    """`update_steps_max=None`: the loop runs until converged and its derivatives are the
+    fixed point's (implicit function theorem), which a long unrolled run approaches."""
+    kw = dict(num_heads=2, scaling=3.0, update_steps_eps=1e-12, key=jr.PRNGKey(5))
+    free = ea.nn.Hopfield(8, update_steps_max=None, **kw)
+    long = ea.nn.Hopfield(8, update_steps_max=60, **kw)
+    x = jr.normal(jr.PRNGKey(6), (6, 8))
+    assert int(jnp.max(free.num_updates(x))) < 60
+    np.testing.assert_allclose(free(x), long(x), rtol=1e-10, atol=1e-12)
+
+    def loss(layer, x):
+        return jnp.sum(jnp.sin(layer(x)))
+
+    g_free = eqx.filter_grad(loss)(free, x)
+    g_long = eqx.filter_grad(loss)(long, x)
+    for a, b in zip(jax.tree.leaves(g_free), jax.tree.leaves(g_long), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_mask_polarities_and_empty_rows():
+    """hopfield-layers' masks are True = masked out; `mask` is True = may attend. A state
+    pattern with nothing to attend to gets a zero association row (hopfield-layers: NaN)."""
+    layer = ea.nn.Hopfield(4, update_steps_max=2, key=jr.PRNGKey(7))
+    x = jr.normal(jr.PRNGKey(8), (3, 4))
+    allowed = jnp.array([[True, False, True], [True, True, False], [False, False, False]])
+    by_mask = layer.association_matrix(x, mask=allowed)
+    by_association = layer.association_matrix(x, association_mask=~allowed)
+    np.testing.assert_array_equal(by_mask, by_association)
+    np.testing.assert_array_equal(by_mask[0, 2], 0.0)
+    assert bool(jnp.all(jnp.isfinite(layer(x, mask=allowed))))
+    padding = jnp.array([False, True, False])
+    np.testing.assert_array_equal(
+        layer.association_matrix(x, stored_pattern_padding_mask=padding),
+        layer.association_matrix(x, mask=jnp.broadcast_to(~padding, (3, 3))),
+    )
+    np.testing.assert_allclose(jnp.sum(by_mask[0, :2], axis=-1), 1.0, rtol=1e-14)
+
+
+def test_zero_association_and_bias_pattern():
+    key = jr.PRNGKey(9)
+    x = jr.normal(jr.PRNGKey(10), (4, 6))
+    zero = ea.nn.Hopfield(6, add_zero_association=True, key=key)
+    assoc = zero.association_matrix(x)
+    assert assoc.shape == (1, 4, 5)
+    # The appended key is zero, so its logit is 0: its weight is 1 / (1 + sum_s e^{logit_s}).
+    energy, q = zero.energy(x)
+    logits = zero.scaling[0] * q[0] @ energy.keys[0, :4].T
+    np.testing.assert_allclose(assoc[0, :, 4], 1 / (1 + jnp.sum(jnp.exp(logits), -1)), rtol=1e-12)
+
+    biased = ea.nn.Hopfield(6, concat_bias_pattern=True, key=key)
+    energy, _ = biased.energy(x)
+    np.testing.assert_array_equal(energy.keys[0, -1], biased.bias_key)
+    # hopfield-layers ignores its bias patterns (quirk 6): loading one drops them, with a
+    # warning, so the numbers match hopfield-layers.
+    plain = ea.nn.Hopfield(6, key=key)
+    state = {
+        **plain.to_state_dict(),
+        "association_core.bias_k": jnp.ones((1, 1, 6)),
+        "association_core.bias_v": jnp.ones((1, 1, 6)),
+    }
+    with pytest.warns(UserWarning, match="no effect in hopfield-layers"):
+        loaded = ea.nn.Hopfield.from_state_dict(state, input_size=6, concat_bias_pattern=True)
+    np.testing.assert_array_equal(loaded(x), plain(x))
+    with pytest.raises(ValueError, match="hopfield-layers ignores"):
+        biased.to_state_dict()
+
+
+def test_static_inputs_and_hopfield_space_norm_against_explicit_formulas():
+    """Static patterns skip their projection: the same as an identity projection. The
+    Hopfield-space norm normalises the projected queries and keys over each head."""
+    key = jr.PRNGKey(11)
+    flags = dict(
+        normalize_stored_pattern=False,
+        normalize_stored_pattern_affine=False,
+        normalize_state_pattern=False,
+        normalize_state_pattern_affine=False,
+        normalize_pattern_projection=False,
+        normalize_pattern_projection_affine=False,
+        input_bias=False,
+    )
+    static = ea.nn.Hopfield(
+        4, state_pattern_as_static=True, stored_pattern_as_static=True, key=key, **flags
+    )
+    identity = ea.nn.Hopfield(4, key=key, **flags)
+    identity = eqx.tree_at(
+        lambda m: (m.query_proj.weight, m.key_proj.weight, m.value_proj.weight, m.out_proj.weight),
+        identity,
+        (jnp.eye(4), jnp.eye(4), static.value_proj.weight, static.out_proj.weight),
+    )
+    x = jr.normal(jr.PRNGKey(12), (5, 4))
+    np.testing.assert_allclose(static(x), identity(x), rtol=1e-13)
+
+    normed = ea.nn.Hopfield(8, num_heads=2, normalize_hopfield_space=True, key=key)
+    x = jr.normal(jr.PRNGKey(13), (3, 8))
+    _, q = normed.energy(x)
+    raw = jax.vmap(normed.query_proj)(jax.vmap(normed.norm_state_pattern)(x)).reshape(3, 2, 4)
+    centred = raw - jnp.mean(raw, -1, keepdims=True)
+    expected = centred / jnp.sqrt(jnp.mean(centred**2, -1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(q, jnp.swapaxes(expected, 0, 1), rtol=1e-12, atol=1e-14)
+
+
+def test_scaling_dropout_and_trainable_flags(user_mode):
+    key = jr.PRNGKey(14)
+    x = jr.normal(jr.PRNGKey(15), (5, 8))
+    layer = ea.nn.Hopfield(8, num_heads=2, scaling=[0.5, 2.0], key=key)
+    energy, q = layer.energy(x)
+    for h, beta in enumerate((0.5, 2.0)):  # each head its own beta (hopfield-layers tiles)
+        expected = jax.nn.softmax(beta * q[h] @ energy.keys[h].T, axis=-1)
+        np.testing.assert_allclose(layer.association_matrix(x)[h], expected, rtol=1e-12)
+    grads = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert not np.any(grads.scaling)  # a constant unless trainable_scaling
+    trainable = ea.nn.Hopfield(8, num_heads=2, trainable_scaling=True, key=key)
+    assert np.all(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(trainable).scaling != 0)
+
+    dropped = ea.nn.Hopfield(8, dropout=0.5, key=key)
+    with pytest.raises(RuntimeError, match="key"):
+        dropped(x)
+    inference = eqx.nn.inference_mode(dropped)
+    np.testing.assert_array_equal(inference(x), eqx.nn.inference_mode(dropped)(x))
+    a = jax.vmap(lambda k: dropped(x, key=k))(jr.split(key, 400))
+    np.testing.assert_allclose(jnp.mean(a, 0), inference(x), rtol=0.2, atol=0.05)
+
+    pooling = ea.nn.HopfieldPooling(8, quantity=3, trainable=False, key=key)
+    assert pooling(x).shape == (24,)
+    assert not np.any(eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(pooling).pooling_weights)
+    lookup = ea.nn.HopfieldLayer(8, quantity=4, lookup_weights_as_separated=True, key=key)
+    assert lookup(x).shape == (5, 8)
+    assert lookup.association_matrix(x).shape == (1, 5, 4)
+
+
+def test_bad_arguments_name_the_cause(user_mode):
+    key = jr.PRNGKey(0)
+    x = jnp.ones((3, 4))
+    with pytest.raises(ValueError, match="does not split into num_heads=3"):
+        ea.nn.Hopfield(4, num_heads=3, key=key)
+    with pytest.raises(ValueError, match="update_steps_max has 1 entries"):
+        ea.nn.Hopfield(4, num_heads=2, update_steps_max=[1], key=key)
+    with pytest.raises(ValueError, match="mixes unlimited"):
+        ea.nn.Hopfield(4, num_heads=2, update_steps_max=[None, 2], key=key)
+    with pytest.raises(ValueError, match="update_steps_eps must be a finite float > 0"):
+        ea.nn.Hopfield(4, update_steps_eps=0.0, key=key)
+    with pytest.raises(ValueError, match="normalize_state_pattern_affine=True needs"):
+        ea.nn.Hopfield(4, normalize_state_pattern=False, key=key)
+    with pytest.raises(ValueError, match="not a function in jax.nn"):
+        ea.nn.Hopfield(4, association_activation="nope", key=key)
+    layer = ea.nn.Hopfield(4, key=key)
+    with pytest.raises(ValueError, match="True = masked out"):
+        layer(x, association_mask=jnp.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"stored_pattern_padding_mask must have shape"):
+        layer(x, stored_pattern_padding_mask=jnp.zeros(2, bool))
+    with pytest.raises(ValueError, match="a sequence of 2"):
+        layer((x, x))
+    assert ea.nn.Hopfield(4, association_activation="tanh", key=key)(x).max() < 1
