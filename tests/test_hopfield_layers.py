@@ -229,6 +229,13 @@ def test_unlimited_updates_converge_and_differentiate_at_the_fixed_point():
     x = jr.normal(jr.PRNGKey(6), (6, 8))
     assert int(jnp.max(free.num_updates(x))) < 60
     np.testing.assert_allclose(free(x), long(x), rtol=1e-10, atol=1e-12)
+    # The converged states minimise the layer's energy: ea.minimise finds the same association.
+    energy, start = free.energy(x)
+    minimum = ea.minimise(energy, start).value
+    scores = jnp.einsum("hld,hsd->hls", minimum, energy.keys) * energy.beta[:, None, None]
+    np.testing.assert_allclose(
+        jax.nn.softmax(scores, axis=-1), free.association_matrix(x), rtol=1e-6, atol=1e-9
+    )
 
     def loss(layer, x):
         return jnp.sum(jnp.sin(layer(x)))
@@ -368,6 +375,8 @@ def test_bad_arguments_name_the_cause(user_mode):
     layer = ea.nn.Hopfield(4, key=key)
     with pytest.raises(ValueError, match="True = masked out"):
         layer(x, association_mask=jnp.zeros((3, 3)))
+    with pytest.raises(ValueError, match="True = may attend"):
+        layer(x, mask=jnp.zeros((3, 3)))
     with pytest.raises(ValueError, match=r"stored_pattern_padding_mask must have shape"):
         layer(x, stored_pattern_padding_mask=jnp.zeros(2, bool))
     with pytest.raises(ValueError, match="a sequence of 2"):

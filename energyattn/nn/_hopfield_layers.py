@@ -28,7 +28,7 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_finite, check_shape, default_dtype, positive_int, shape_str
+from .._checks import check_finite, check_mask, check_shape, default_dtype, positive_int, shape_str
 from .._custom_types import Scalar
 from .._energy import AbstractEnergy, hopfield_energy
 from .._solver import bounded_while, flatten_problem, implicit_value, no_grad
@@ -490,7 +490,7 @@ class Hopfield(eqx.Module):
         """The one mask of the energy, `True` = may attend, including appended patterns."""
         allowed = None
         if mask is not None:
-            allowed = _check_excluded("mask", mask, (state_len, stored), "state_len, stored")
+            allowed = check_mask(mask, (state_len, stored), "state_len stored")
         if association_mask is not None:
             excluded = _check_excluded(
                 "association_mask", association_mask, (state_len, stored), "state_len, stored"
@@ -636,10 +636,15 @@ class Hopfield(eqx.Module):
             out = self.association_activation(out)
         return out
 
-    def _associate(self, input, padding, association_mask, mask):
+    def _prepare(self, input, padding, association_mask, mask):
+        """Queries, keys and values of every head, and the combined mask."""
         stored, state, projection = self._inputs(input)
         q, k, v = self._project(stored, state, projection)
         allowed = self._allowed(state.shape[0], stored.shape[0], mask, padding, association_mask)
+        return q, k, v, allowed
+
+    def _associate(self, input, padding, association_mask, mask):
+        q, k, v, allowed = self._prepare(input, padding, association_mask, mask)
         association, _ = self._retrieve(q, k, allowed)
         return association, v
 
@@ -667,11 +672,7 @@ class Hopfield(eqx.Module):
     ) -> Int[Array, " heads"]:
         """How many state updates each head made before it stopped (0 to
         `update_steps_max`). Arguments as for the call."""
-        stored, state, projection = self._inputs(input)
-        q, k, _ = self._project(stored, state, projection)
-        allowed = self._allowed(
-            state.shape[0], stored.shape[0], mask, stored_pattern_padding_mask, association_mask
-        )
+        q, k, _, allowed = self._prepare(input, stored_pattern_padding_mask, association_mask, mask)
         return self._retrieve(q, k, allowed)[1]
 
     def energy(
@@ -691,11 +692,7 @@ class Hopfield(eqx.Module):
         `(heads, state_len, hidden_size)`. `ea.descend(energy, state, step_size=1.0,
         num_steps=T)` makes the layer's $T$ updates; `ea.minimise` finds the fixed point.
         """
-        stored, state, projection = self._inputs(input)
-        q, k, _ = self._project(stored, state, projection)
-        allowed = self._allowed(
-            state.shape[0], stored.shape[0], mask, stored_pattern_padding_mask, association_mask
-        )
+        q, k, _, allowed = self._prepare(input, stored_pattern_padding_mask, association_mask, mask)
         return HopfieldHeadsEnergy(k, self._beta(), allowed), q
 
     # ------------------------------------------------------------------ PyTorch weights
