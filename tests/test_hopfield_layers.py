@@ -382,3 +382,37 @@ def test_bad_arguments_name_the_cause(user_mode):
     with pytest.raises(ValueError, match="a sequence of 2"):
         layer((x, x))
     assert ea.nn.Hopfield(4, association_activation="tanh", key=key)(x).max() < 1
+
+
+def test_values_heads_and_output_options_against_explicit_formulas():
+    """The read-out after retrieval, written out: values through the key projection
+    (`pattern_projection_as_connected`), per-head value size, head concatenation, output
+    projection or none, and the activation; the separate-weights layout round-trips."""
+    key = jr.PRNGKey(16)
+    stored = jr.normal(jr.PRNGKey(17), (5, 6))
+    state = jr.normal(jr.PRNGKey(18), (3, 4))
+    x = (stored, state, stored)
+    common = dict(stored_pattern_size=6, pattern_projection_size=6, num_heads=2, hidden_size=3)
+    connected = ea.nn.Hopfield(
+        4, pattern_projection_as_connected=True, association_activation="tanh", key=key, **common
+    )
+    association = connected.association_matrix(x)  # (2, 3, 5)
+    normed = jax.vmap(connected.norm_pattern_projection)(stored)
+    values = jax.vmap(connected.value_proj)(jax.vmap(connected.key_proj)(normed))  # (5, 2*3)
+    heads = jnp.einsum("hls,shp->lhp", association, values.reshape(5, 2, 3)).reshape(3, 6)
+    expected = jnp.tanh(jax.vmap(connected.out_proj)(heads))
+    np.testing.assert_allclose(connected(x), expected, rtol=1e-12, atol=1e-14)
+
+    state_dict = connected.to_state_dict()
+    assert state_dict["association_core.v_proj_weight"].shape == (6, 6)  # (H p, H d)
+    assert "association_core.in_proj_weight" not in state_dict
+    config = dict(common, input_size=4, pattern_projection_as_connected=True)
+    loaded = ea.nn.Hopfield.from_state_dict(state_dict, association_activation="tanh", **config)
+    np.testing.assert_array_equal(loaded(x), connected(x))
+
+    bare = ea.nn.Hopfield(4, pattern_size=2, disable_out_projection=True, key=key, **common)
+    association = bare.association_matrix(x)
+    values = jax.vmap(bare.value_proj)(jax.vmap(bare.norm_pattern_projection)(stored))
+    heads = jnp.einsum("hls,shp->lhp", association, values.reshape(5, 2, 2)).reshape(3, 4)
+    np.testing.assert_allclose(bare(x), heads, rtol=1e-12, atol=1e-14)
+    assert bare.out_proj is None and bare.output_size == 4
