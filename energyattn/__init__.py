@@ -8,6 +8,8 @@ from importlib import metadata as _metadata
 
 from . import (
     data as data,
+    ham as ham,
+    lagrangians as lagrangians,
     models as models,
     nn as nn,
     parallel as parallel,

@@ -19,12 +19,12 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 def public_names():
     """`energyattn.X` for every public name users can reach (as `tests/test_package.py`)."""
-    namespaces = (ea, ea.nn, ea.models, ea.data, ea.spin, ea.viz)
+    namespaces = (ea, ea.nn, ea.ham, ea.models, ea.data, ea.spin, ea.viz)
     for module in namespaces:
         for name in dir(module):
             if not name.startswith("_") and not inspect.ismodule(getattr(module, name)):
                 yield f"{module.__name__}.{name}"
-    for module in (ea.parallel,):  # a public module: its own functions
+    for module in (ea.parallel, ea.lagrangians):  # public modules: their own functions
         for name, obj in vars(module).items():
             if not name.startswith("_") and getattr(obj, "__module__", None) == module.__name__:
                 yield f"{module.__name__}.{name}"
@@ -98,7 +98,17 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
 def docstring_examples():
     """(name, code) of every ```python block in the docstrings the API reference renders."""
     objects = {name: None for name in public_names()}
-    for module in (ea, ea.nn, ea.models, ea.data, ea.spin, ea.parallel, ea.viz):
+    for module in (
+        ea,
+        ea.nn,
+        ea.ham,
+        ea.models,
+        ea.data,
+        ea.spin,
+        ea.parallel,
+        ea.lagrangians,
+        ea.viz,
+    ):
         objects[module.__name__] = module
     for name in list(objects):
         if objects[name] is None:

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, PyTree
 
 from .._checks import check_finite, check_positive, error_if_nonfinite, positive_int
 from .._custom_types import Scalar, ScalarLike, State
@@ -56,9 +56,10 @@ def descend(
     x0: State,
     args: Any = None,
     *,
-    step_size: ScalarLike,
+    step_size: ScalarLike | PyTree[ScalarLike],
     num_steps: int,
     activation: Callable[[State], State] | None = None,
+    with_state: bool = False,
     return_trajectory: bool = False,
     throw: bool = True,
     save_trajectory: bool | None = None,
@@ -73,6 +74,13 @@ def descend(
     `jax.grad` of the energy, never a formula written beside it. One step of size 1 on
     [`hopfield_energy`][energyattn.hopfield_energy] is softmax attention.
 
+    With `with_state=True` the energy is a function $E(x, g)$ of the states and their
+    activations, and the force is its partial derivative in $g$ at fixed $x$: the dynamics
+    $\tau\,\dot x = -\partial E/\partial g$ of associative memories whose neurons carry the
+    Legendre energy $g\cdot x - L(x)$ (whose $\partial/\partial g$ is the leak $x$); see
+    [`ea.ham.HAM`][energyattn.ham.HAM]. A step size per leaf of the state (a pytree like
+    `x0`) gives each part its own time constant, $\alpha_\ell = \Delta t/\tau_\ell$.
+
     Works under `jit`, `vmap`, `grad` and `jvp`; derivatives flow through the unrolled steps
     (so the step size and the energy's parameters can be trained).
 
@@ -82,9 +90,12 @@ def descend(
       [`AbstractEnergy`][energyattn.AbstractEnergy].
     - `x0`: the initial state, a floating-point array or pytree of arrays.
     - `args`: passed to the energy unchanged.
-    - `step_size`: $\alpha > 0$.
+    - `step_size`: $\alpha > 0$, or a pytree with the structure of `x0` holding one
+      $\alpha > 0$ per leaf.
     - `num_steps`: number of steps $T \ge 0$ (a Python int).
     - `activation`: optional $g(x)$, returning the same structure and shapes as `x`.
+    - `with_state`: call the energy as `energy(x, g, args)` and descend its partial
+      derivative in `g` (default `False`: `energy(g, args)`).
     - `return_trajectory`: also return every state (`Solution.trajectory`).
     - `throw`: raise (at run time) if the initial state or any recorded energy is NaN/inf
       (default). The message names the cause: a NaN/inf initial state; an energy already
@@ -110,8 +121,8 @@ def descend(
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_steps = positive_int("num_steps", num_steps, minimum=0)
-    step_size = check_positive("step_size", step_size)
     x0 = check_initial(x0, "x0")
+    step_size = _step_sizes(step_size, x0)
     if throw:
         x0 = jax.tree.map(lambda leaf: check_finite("the initial state x0", leaf), x0)
     to_g = activation if activation is not None else (lambda x: x)
@@ -127,14 +138,17 @@ def descend(
             f"got {jax.tree.map(lambda s: s.shape, g0_shape)} for x of "
             f"{jax.tree.map(lambda s: s.shape, x0_shape)}"
         )
-    check_energy_output(energy, g0_shape, args)
 
-    energy_and_force = jax.value_and_grad(energy)
+    def energy_at(g, x):
+        return energy(x, g, args) if with_state else energy(g, args)
+
+    check_energy_output(lambda g, args: energy_at(g, x0), g0_shape, args)
+    value_and_force = jax.value_and_grad(energy_at)
 
     def step(carry, _):
         x, _ = carry
-        value, grad = energy_and_force(to_g(x), args)
-        update = jax.tree.map(lambda xi, gi: (step_size * gi).astype(xi.dtype), x, grad)
+        value, grad = value_and_force(to_g(x), x)
+        update = jax.tree.map(lambda xi, a, gi: (a * gi).astype(xi.dtype), x, step_size, grad)
         x_next = jax.tree.map(lambda xi, ui: xi - ui, x, update)
         size = rms(ravel_pytree(update)[0])
         return (x_next, size), ((value, x) if return_trajectory else value)
@@ -142,7 +156,7 @@ def descend(
     zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(x0)))
     (x_final, size), history = jax.lax.scan(step, (x0, zero), None, length=num_steps)
     energies, trajectory = collect_history(
-        history, x_final, energy(to_g(x_final), args), return_trajectory
+        history, x_final, energy_at(to_g(x_final), x_final), return_trajectory
     )
     finite = jnp.all(jnp.isfinite(energies))
     if throw:
@@ -175,3 +189,17 @@ def descend(
         energies=energies,
         trajectory=trajectory,
     )
+
+
+def _step_sizes(step_size: Any, x0: State) -> State:
+    """One positive step size per leaf of `x0`, from a scalar or a pytree like `x0`."""
+    if jax.tree.structure(step_size) == jax.tree.structure(0.0):
+        step_size = check_positive("step_size", step_size)
+        return jax.tree.map(lambda _: step_size, x0)
+    if jax.tree.structure(step_size) != jax.tree.structure(x0):
+        raise ValueError(
+            "step_size must be a scalar or a pytree with the structure of x0 (one step size "
+            f"per leaf), got {jax.tree.structure(step_size)} for x0 of "
+            f"{jax.tree.structure(x0)}"
+        )
+    return jax.tree.map(lambda a: check_positive("step_size", a), step_size)
