@@ -203,7 +203,7 @@ def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
     assert match in err and "Traceback" not in err
 
 
-COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "attractor")
+COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "attractor", "ham")
 COMMANDS += ("landscape", "sweep", "bench")
 
 
@@ -234,7 +234,7 @@ def test_help_shows_each_default_once_and_no_escaped_percent(capsys):
             assert shown.count("default") == 1, (name, action.option_strings, shown)
 
 
-@pytest.mark.parametrize("command", ["demo", "classify", "attractor"])
+@pytest.mark.parametrize("command", ["demo", "classify", "attractor", "ham"])
 def test_bad_output_folder_fails_at_once(tmp_path, capsys, monkeypatch, command):
     """Before any data, compilation or training: one line naming the path, status 1."""
 

@@ -5,6 +5,7 @@ from ._graph import HAM as HAM
 from ._neurons import Neurons as Neurons
 from ._synapses import (
     AttentionSynapse as AttentionSynapse,
+    BiasSynapse as BiasSynapse,
     ConvSynapse as ConvSynapse,
     DenseSynapse as DenseSynapse,
     HopfieldSynapse as HopfieldSynapse,

@@ -24,6 +24,26 @@ def _sizes(shape: int | tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
+class BiasSynapse(eqx.Module):
+    r"""A synapse on one layer: an external field (a bias) on its activations.
+
+    $$E(g) = -\,b\cdot g$$
+
+    **Arguments:**
+
+    - `shape`: the shape of the layer (an int for a vector).
+    - `dtype`: parameter dtype. The bias starts at zero.
+    """
+
+    bias: Float[Array, "..."]
+
+    def __init__(self, shape: int | tuple[int, ...], *, dtype: Any = None):
+        self.bias = jnp.zeros(_sizes(shape), default_dtype(dtype))
+
+    def __call__(self, g: Float[Array, "..."]) -> Scalar:
+        return -jnp.sum(self.bias * g)
+
+
 class DenseSynapse(eqx.Module):
     r"""A dense (all-to-all) synapse between two layers.
 

@@ -12,6 +12,12 @@ from ._classifier import (
     evaluate_classifier as evaluate_classifier,
     train_classifier as train_classifier,
 )
+from ._ham import (
+    FeedforwardClassifier as FeedforwardClassifier,
+    HAMClassifier as HAMClassifier,
+    evaluate_ham_classifier as evaluate_ham_classifier,
+    train_ham_classifier as train_ham_classifier,
+)
 from ._image_et import (
     ImageEnergyTransformer as ImageEnergyTransformer,
     load_image_et as load_image_et,

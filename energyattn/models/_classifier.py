@@ -234,8 +234,10 @@ def _classification_loss(
 
 
 def _check_images(
-    model: Classifier, images: Any, labels: Any
+    model: Any, images: Any, labels: Any
 ) -> tuple[Float[Array, "n c h w"], Int[Array, " n"]]:
+    """Images `(n, *model.image_shape)` (or grey `(n, h, w)`) and integer labels in
+    `[0, model.num_classes)`, for any classifier with those two attributes."""
     images = jnp.asarray(images)
     if images.ndim == 3 and model.image_shape[0] == 1:
         images = images[:, None]  # (n, height, width) grey images

@@ -8,6 +8,7 @@ the numbers come from the rest of the package (e.g. `ea.spin` for the spin figur
 
 from ._couplings import plot_couplings as plot_couplings
 from ._curves import plot_curves as plot_curves, plot_energies as plot_energies
+from ._ham import plot_ham_descent as plot_ham_descent
 from ._images import image_grid as image_grid
 from ._landscape import (
     plot_displacement_contour as plot_displacement_contour,
