@@ -57,7 +57,7 @@ def _paper_update(x, couplings, lam):
 def test_local_forces_equal_the_paper_attention_update(getkey, lam):
     couplings, x = _system(getkey(), num_tokens=6, dim=4)
     energy = ea.LocalAttentionEnergy(couplings, lam)
-    forces = ea.local_forces(energy.local, x)
+    forces = eqx.filter_jit(ea.local_forces)(energy.local, x)
     np.testing.assert_allclose(forces, _paper_update(x, couplings, lam), rtol=1e-12, atol=1e-13)
     layer = eqx.tree_at(
         lambda m: m.couplings,
@@ -71,8 +71,8 @@ def test_local_forces_differ_from_the_gradient_of_the_total(getkey):
     # Each token differentiates only its own energy: the field is not -grad of sum_i e_i
     # (which also moves x_i to lower the other tokens' energies).
     couplings, x = _system(getkey())
-    local = ea.local_forces(ea.LocalAttentionEnergy(couplings).local, x)
-    total = -jax.grad(ea.pseudo_likelihood_energy)(x, couplings)
+    local = eqx.filter_jit(ea.local_forces)(ea.LocalAttentionEnergy(couplings).local, x)
+    total = -jax.jit(jax.grad(ea.pseudo_likelihood_energy))(x, couplings)
     assert np.max(np.abs(local - total)) > 1e-2
 
 
@@ -212,7 +212,7 @@ def test_layer_jit_vmap_grad(getkey):
     def loss(model, x):
         return jnp.sum(model(x)[-1] ** 2 * jnp.arange(3.0))
 
-    grads = eqx.filter_grad(loss)(layer, xs[0])
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(layer, xs[0])
     direction = jr.normal(getkey(), layer.couplings.shape)
     eps = 1e-6
     shifted = [
@@ -222,7 +222,7 @@ def test_layer_jit_vmap_grad(getkey):
     fd = (loss(shifted[0], xs[0]) - loss(shifted[1], xs[0])) / (2 * eps)
     np.testing.assert_allclose(jnp.sum(grads.couplings * direction), fd, rtol=1e-6)
     # The pseudo-likelihood energy has a gradient in J (what training uses).
-    g = jax.grad(lambda c: ea.pseudo_likelihood_energy(xs[0], c, lam=5.0))(layer.couplings)
+    g = jax.jit(jax.grad(lambda c: ea.pseudo_likelihood_energy(xs[0], c, lam=5.0)))(layer.couplings)
     assert g.shape == layer.couplings.shape and bool(jnp.all(jnp.isfinite(g)))
 
 

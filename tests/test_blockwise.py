@@ -5,6 +5,8 @@ second derivative (training through a descent step); the blockwise one must do s
 holding the `(seq, mem)` matrix.
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -34,22 +36,18 @@ def test_blockwise_value_gradient_and_second_derivative_equal_naive(getkey, mask
     mask = jr.bernoulli(getkey(), 0.6, (11, 11)).at[3].set(False) if masked else None
     weights = jr.normal(getkey(), (11,))
 
+    @functools.partial(jax.jit, static_argnums=3)  # one compilation per method, not per op
     def loss(q, k, beta, method):
         return jnp.sum(weights * jnp.sin(lse(q, k, beta, mask, exclude_self, method)))
 
-    for order in range(3):  # value, gradient, gradient of a function of the gradient
-        naive, block = (loss(q, k, beta, m) for m in ("naive", "blockwise"))
-        if order >= 1:
-            g = jax.value_and_grad(loss, argnums=(0, 1, 2))
-            naive, block = (g(q, k, beta, m) for m in ("naive", "blockwise"))
-        if order == 2:
+    def outer(q, k, beta, method):
+        grads = jax.grad(loss, argnums=(0, 1))(q, k, beta, method)
+        return sum(jnp.sum(jnp.cos(x)) for x in grads)
 
-            def outer(q, k, beta, method):
-                grads = jax.grad(loss, argnums=(0, 1))(q, k, beta, method)
-                return sum(jnp.sum(jnp.cos(x)) for x in grads)
-
-            g2 = jax.grad(outer, argnums=(0, 1, 2))
-            naive, block = (g2(q, k, beta, m) for m in ("naive", "blockwise"))
+    g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    g2 = jax.jit(jax.grad(outer, argnums=(0, 1, 2)), static_argnums=3)
+    for f in (loss, g, g2):  # value, gradient, gradient of a function of the gradient
+        naive, block = (f(q, k, beta, m) for m in ("naive", "blockwise"))
         assert_trees_close(naive, block)
     if masked:  # an empty row has log-sum-exp 0 and no force
         values = lse(q, k, beta, mask, exclude_self, "blockwise")
@@ -89,9 +87,11 @@ def test_garbage_in_masked_out_memory_stays_out(getkey):
     m = m.at[7].set(jnp.nan)
     mask = jnp.ones((5, 9), bool).at[:, 7].set(False)
     values = {
-        impl: jax.value_and_grad(
-            lambda q, impl=impl: ea.hopfield_energy(
-                q, m, mask=mask, implementation=impl, block_size=4
+        impl: jax.jit(
+            jax.value_and_grad(
+                lambda q, impl=impl: ea.hopfield_energy(
+                    q, m, mask=mask, implementation=impl, block_size=4
+                )
             )
         )(q)
         for impl in ("naive", "blockwise")
@@ -210,23 +210,25 @@ def test_fused_kernel_wiring_with_the_xla_kernel(monkeypatch, getkey):
     def loss(q, k, beta, method):
         return jnp.sum(jnp.sin(lse(q, k, beta, None, False, method)))
 
-    naive, fused = (
-        jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, beta, m) for m in ("naive", "cudnn")
-    )
+    value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    naive, fused = (value_and_grad(q, k, beta, m) for m in ("naive", "cudnn"))
     assert_trees_close(naive, fused, rtol=2e-5, atol=2e-5)
 
     def through_step(q, k, method):  # training through the attention step
         return jnp.sum(jnp.square(jax.grad(loss)(q, k, beta, method)))
 
-    naive, fused = (jax.grad(through_step, (0, 1))(q, k, m) for m in ("naive", "cudnn"))
+    grad_through = jax.jit(jax.grad(through_step, (0, 1)), static_argnums=2)
+    naive, fused = (grad_through(q, k, m) for m in ("naive", "cudnn"))
     assert_trees_close(naive, fused, rtol=1e-4, atol=1e-4)
 
 
 def test_bfloat16_inputs_accumulate_in_float32(getkey):
     q = jr.normal(getkey(), (9, 4)).astype(jnp.bfloat16)
     m = jr.normal(getkey(), (11, 4)).astype(jnp.bfloat16)
-    value, grad = jax.value_and_grad(
-        lambda q: ea.hopfield_energy(q, m, implementation="blockwise", block_size=4)
+    value, grad = jax.jit(
+        jax.value_and_grad(
+            lambda q: ea.hopfield_energy(q, m, implementation="blockwise", block_size=4)
+        )
     )(q)
     assert value.dtype == jnp.float32 and grad.dtype == jnp.bfloat16
     reference = ea.hopfield_energy(q.astype(jnp.float32), m.astype(jnp.float32))

@@ -23,11 +23,11 @@ def test_default_model_is_small_and_maps_images_to_logits(getkey):
     assert _num_params(model) < 30_000
     assert model.attention.num_spins == 5  # CLS + a 2x2 grid of 4x4 patches
     image = jr.uniform(getkey(), (1, 8, 8))
-    assert model(image).shape == (10,)
+    assert eqx.filter_jit(model)(image).shape == (10,)
     sites = model.sites(image)
     assert sites.shape == (5, 24)
     np.testing.assert_array_equal(sites[0], model.cls_token)
-    solution = model.solve(image)
+    solution = eqx.filter_jit(model.solve)(image)
     assert solution.converged
 
 
@@ -36,8 +36,17 @@ def test_short_training_learns_digits():
     train, test = load_digits("train"), load_digits("test")
     model = ea.models.MeanFieldClassifier(key=jr.key(0))
     before = ea.models.evaluate_classifier(model, test.images, test.labels)
+    # Small batches at a higher learning rate: 200 steps reach 85-92% test accuracy on
+    # four seeds (250 steps of 64 at the default 3e-3, in twice the time: 83-88%).
     result = ea.models.train_classifier(
-        model, train.images, train.labels, key=jr.key(1), num_steps=250, progress=False
+        model,
+        train.images,
+        train.labels,
+        key=jr.key(1),
+        num_steps=200,
+        batch_size=32,
+        learning_rate=1e-2,
+        progress=False,
     )
     after = ea.models.evaluate_classifier(result.model, test.images, test.labels)
     assert before["accuracy"] < 0.3

@@ -55,7 +55,7 @@ def test_layer_norm_lagrangian_value_and_legendre_energy(getkey):
 def test_layer_norm_lagrangian_is_convex(getkey):
     # The Lyapunov argument needs a positive semi-definite Hessian of L.
     x = jr.normal(getkey(), (8,))
-    hessian = jax.hessian(ea.layer_norm_lagrangian)(x, 2.0)
+    hessian = jax.jit(jax.hessian(ea.layer_norm_lagrangian))(x, 2.0)
     assert np.linalg.eigvalsh(np.asarray(hessian)).min() > -1e-12
 
 
@@ -164,6 +164,7 @@ def energy_lower_bound(et, num_tokens):
     return attention + memory
 
 
+@pytest.mark.optimised_xla  # 3000 descent steps: the run, not the compilation, dominates
 @pytest.mark.parametrize("include_self", [False, True])
 def test_lyapunov_energy_decreases_and_is_bounded_tutorial_config(getkey, include_self):
     # The tutorial's check: small config, 100 tokens, 3000 steps of size 0.5, random weights.
@@ -189,16 +190,17 @@ def test_recall_is_descend_with_layer_norm_activation(getkey):
     et = small_et(getkey(), step_size=0.2, num_steps=5)
     x0 = jr.normal(getkey(), (7, 12))
     mask = jr.bernoulli(getkey(), 0.7, (7, 7))
-    direct = ea.descend(
+    direct = eqx.filter_jit(ea.descend)(
         et.as_energy(), x0, mask, step_size=0.2, num_steps=5, activation=et.layer_norm
     )
-    out, descent = et(x0, mask=mask, return_trajectory=True)
+    out, descent = eqx.filter_jit(et)(x0, mask=mask, return_trajectory=True)
     np.testing.assert_allclose(out, direct.value, rtol=1e-12)
     np.testing.assert_allclose(descent.energies, direct.energies, rtol=1e-12)
     # by hand: x <- x - alpha * dE/dg at g = LN(x)
+    step = jax.jit(lambda x: x - 0.2 * jax.grad(et.energy)(et.layer_norm(x), mask))
     x = x0
     for _ in range(5):
-        x = x - 0.2 * jax.grad(et.energy)(et.layer_norm(x), mask)
+        x = step(x)
     np.testing.assert_allclose(out, x, rtol=1e-10, atol=1e-12)
 
 

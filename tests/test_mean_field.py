@@ -82,7 +82,8 @@ def test_gaussian_spin_energy_stationary_point_is_naive_mean_field(getkey):
         -jax.grad(ea.gaussian_spin_energy)(s, x, J), ea.naive_mean_field(s, x, J) - s, atol=1e-12
     )
     exact = jnp.linalg.solve(jnp.eye(15) - _dense(J), x.reshape(-1)).reshape(5, 3)
-    minimum = ea.minimise(ea.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), max_steps=400)
+    minimise = eqx.filter_jit(ea.minimise)  # one compilation, not one per operation
+    minimum = minimise(ea.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), max_steps=400)
     np.testing.assert_allclose(minimum.value, exact, atol=1e-11)
 
 
@@ -156,14 +157,16 @@ def test_fixture_neural():
     F = _load("dia_neural_N6_d4")
     layer = _neural_layer(F)
     x = jnp.asarray(F["x"])
-    z = jax.vmap(layer)(x)
+    z = eqx.filter_jit(jax.vmap(layer))(x)
     assert _rel(z, F["z_star"]) <= 1e-9
 
     def loss(layer, x):
         return jnp.sum(jax.vmap(layer)(x) ** 2)
 
-    np.testing.assert_allclose(loss(layer, x), F["loss_zsq"], rtol=1e-10)
-    grads, grad_x = eqx.filter_jit(eqx.filter_grad(lambda lx: loss(*lx)))((layer, x))
+    value, (grads, grad_x) = eqx.filter_jit(eqx.filter_value_and_grad(lambda lx: loss(*lx)))(
+        (layer, x)
+    )
+    np.testing.assert_allclose(value, F["loss_zsq"], rtol=1e-10)
     first, second = grads.correction.layers
     got = {
         "x": grad_x,
@@ -190,7 +193,7 @@ def test_fixture_adaptive_tap():
     F = _load("dia_adatap_N5_d3")
     layer = _tap_layer(F, lin_response=True)
     x = jnp.asarray(F["x"])
-    m, V = jax.vmap(lambda xi: layer.solve(xi).value)(x)
+    m, V = jax.jit(jax.vmap(lambda xi: layer.solve(xi).value))(x)
     assert _rel(m, F["spin_mean_star"]) <= 1e-9
     assert _rel(V, F["cav_var_star"]) <= 1e-9
     np.testing.assert_allclose(
@@ -201,8 +204,8 @@ def test_fixture_adaptive_tap():
         tapped = eqx.tree_at(lambda m: m.weight, layer, weight)
         return jnp.sum(jax.vmap(tapped)(x) ** 2)
 
-    np.testing.assert_allclose(loss(layer.weight, x), F["loss_msq"], rtol=1e-10)
-    g_w, g_x = jax.jit(jax.grad(loss, (0, 1)))(layer.weight, x)
+    value, (g_w, g_x) = jax.jit(jax.value_and_grad(loss, (0, 1)))(layer.weight, x)
+    np.testing.assert_allclose(value, F["loss_msq"], rtol=1e-10)
     assert _rel(g_w, F["grad_msq_weight_raw"]) <= 1e-7
     assert _rel(g_x, F["grad_msq_x"]) <= 1e-7
 
@@ -213,7 +216,7 @@ def test_fixture_naive_mean_field_uses_the_dense_ift_gradients():
     F = _load("dia_adatap_nolinresp_N5_d3")
     layer = _tap_layer(F, lin_response=False)
     x = jnp.asarray(F["x"])
-    m = jax.vmap(layer)(x)
+    m = eqx.filter_jit(jax.vmap(layer))(x)
     assert _rel(m, F["spin_mean_star"]) <= 1e-9
     exact = jax.vmap(
         lambda xi: jnp.linalg.solve(jnp.eye(15) - _dense(layer.couplings()), xi.reshape(-1))
@@ -224,7 +227,7 @@ def test_fixture_naive_mean_field_uses_the_dense_ift_gradients():
         tapped = eqx.tree_at(lambda m: m.weight, layer, weight)
         return jnp.sum(jax.vmap(tapped)(x) ** 2)
 
-    g_w, g_x = jax.grad(loss, (0, 1))(layer.weight, x)
+    g_w, g_x = jax.jit(jax.grad(loss, (0, 1)))(layer.weight, x)
     assert _rel(g_w, F["grad_msq_weight_raw_denseIFT"]) <= 1e-7
     assert _rel(g_x, F["grad_msq_x_denseIFT"]) <= 1e-7
     # ... and the flagged reference arrays really are off, by far more than our tolerance.
@@ -236,8 +239,9 @@ def test_fixture_naive_mean_field_uses_the_dense_ift_gradients():
 
 
 def _fd_check(loss, params, key, eps=1e-6):
+    loss = jax.jit(loss)  # compiled once for both finite-difference points
     direction = jax.tree.map(lambda p: jr.normal(key, p.shape), params)
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
     analytic = sum(
         jnp.sum(g * d)
         for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(direction), strict=True)
@@ -267,7 +271,7 @@ def test_implicit_equals_unrolled_equals_finite_differences(getkey, variant):
 
     analytic, fd, implicit = _fd_check(make_loss(ea.ImplicitAdjoint()), (params, x), getkey())
     np.testing.assert_allclose(analytic, fd, rtol=1e-6)
-    unrolled = jax.grad(make_loss(ea.UnrolledAdjoint()))((params, x))
+    unrolled = jax.jit(jax.grad(make_loss(ea.UnrolledAdjoint())))((params, x))
     for a, b in zip(jax.tree.leaves(implicit), jax.tree.leaves(unrolled), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-11)
 

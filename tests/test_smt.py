@@ -205,7 +205,8 @@ def test_layer_follows_the_reference_conventions():
     xh = R * xh / np.linalg.norm(xh, axis=-1, keepdims=True)
     qk = xh.reshape(tokens, dim) @ W.T
     q, k = qk[:, :dim].reshape(tokens, heads, d), qk[:, dim:].reshape(tokens, heads, d)
-    out = np.asarray(layer(x, mask=mask))
+    forward = eqx.filter_jit(layer)  # compiled once, not op by op
+    out = np.asarray(forward(x, mask=mask))
     assert out.shape == (tokens, dim)
     for h in range(heads):
         scores = q[:, h] @ k[:, h].T
@@ -221,9 +222,9 @@ def test_layer_follows_the_reference_conventions():
         scaled.couplings(x)[0], np.asarray(jax.nn.softmax(scores, axis=-1)), rtol=1e-12
     )
     # Batches by vmap, and the gradient reaches the projection.
-    batch = jax.vmap(layer)(jnp.stack([x, 2 * x]))
-    np.testing.assert_allclose(batch[1], layer(x), rtol=1e-10)  # normalisation: scale-free
-    grad = jax.grad(lambda layer: jnp.sum(layer(x) ** 2))(layer)
+    batch = eqx.filter_jit(jax.vmap(layer))(jnp.stack([x, 2 * x]))
+    np.testing.assert_allclose(batch[1], forward(x), rtol=1e-10)  # normalisation: scale-free
+    grad = eqx.filter_jit(jax.grad(lambda layer: jnp.sum(layer(x) ** 2)))(layer)
     assert np.all(np.isfinite(grad.to_qk.weight)) and np.any(grad.to_qk.weight != 0)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         ea.nn.SpinTransformerAttention(10, 3, key=jr.key(0))
@@ -242,7 +243,7 @@ def test_attention_classifier_and_command(tmp_path, capsys, user_mode):
     labels = jnp.arange(6) % 3
     for mixer in ("spin_transformer", "softmax"):
         model = ea.models.AttentionClassifier(mixer, dim=12, num_classes=3, key=jr.key(1))
-        solution = model.solve(images[0])
+        solution = eqx.filter_jit(model.solve)(images[0])
         assert solution.value.shape == (17, 12) and solution.result == ea.RESULTS.successful
         assert (solution.num_steps > 0) == (mixer == "spin_transformer")
         result = ea.models.train_classifier(
@@ -265,6 +266,21 @@ def test_attention_classifier_and_command(tmp_path, capsys, user_mode):
     assert "majority class" in capsys.readouterr().out
 
 
+def _layer_loss(layer, W, x):
+    layer = eqx.tree_at(lambda m: m.to_qk.weight, layer, W)
+    return jnp.sum(jnp.sin(layer(x)))
+
+
+@eqx.filter_jit
+def _layer_gradients(tight, unrolled, W, x, dW, dx):
+    """Gradients (W, x) of both layers and a central difference of the tight one along
+    (dW, dx). Module level: compiled once for every seed."""
+    grads = [jax.grad(_layer_loss, argnums=(1, 2))(layer, W, x) for layer in (tight, unrolled)]
+    h = 1e-5
+    f = lambda t: _layer_loss(tight, W + t * dW, x + t * dx)  # noqa: E731
+    return grads, (f(h) - f(-h)) / (2 * h)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_gradients_implicit_unrolled_finite_differences(seed):
     """The layer's gradient with respect to its projection and its inputs: implicit adjoint =
@@ -283,19 +299,9 @@ def test_layer_gradients_implicit_unrolled_finite_differences(seed):
     x = jr.normal(jr.key(20 + seed), (5, 8))
     dW = jr.normal(jr.key(30 + seed), tight.to_qk.weight.shape)
     dx = jr.normal(jr.key(40 + seed), x.shape)
-
-    def loss(layer, W, x):
-        layer = eqx.tree_at(lambda m: m.to_qk.weight, layer, W)
-        return jnp.sum(jnp.sin(layer(x)))
-
-    @jax.jit
-    def run(W, x):
-        grads = [jax.grad(loss, argnums=(1, 2))(layer, W, x) for layer in (tight, unrolled)]
-        h = 1e-5
-        f = lambda t: loss(tight, W + t * dW, x + t * dx)  # noqa: E731
-        return grads, (f(h) - f(-h)) / (2 * h)
-
-    (implicit, unrolled_grads), fd = run(tight.to_qk.weight, x)
+    (implicit, unrolled_grads), fd = _layer_gradients(
+        tight, unrolled, tight.to_qk.weight, x, dW, dx
+    )
     for a, b in zip(implicit, unrolled_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-11)
     directional = jnp.sum(implicit[0] * dW) + jnp.sum(implicit[1] * dx)

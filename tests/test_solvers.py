@@ -319,8 +319,8 @@ def test_root_find_solves_a_pytree_system():
     np.testing.assert_allclose(solution.value["y"], 1.0, rtol=1e-14)
     np.testing.assert_allclose(solution.value["x"], 2.0, rtol=1e-14)
     # dy/dc = 1 / (2 sqrt(5 c)), d2y/dc2 = -1 / (4 sqrt(5) c^1.5)
-    dy = jax.grad(lambda c: solve(c).value["y"])(5.0)
-    d2y = jax.jacfwd(jax.grad(lambda c: solve(c).value["y"]))(5.0)
+    dy = jax.jit(jax.grad(lambda c: solve(c).value["y"]))(5.0)
+    d2y = jax.jit(jax.jacfwd(jax.grad(lambda c: solve(c).value["y"])))(5.0)
     np.testing.assert_allclose(dy, 1 / (2 * np.sqrt(25.0)), rtol=1e-12)
     np.testing.assert_allclose(d2y, -1 / (4 * np.sqrt(5.0) * 5.0**1.5), rtol=1e-10)
 
