@@ -260,7 +260,7 @@ def _check_images(
 
 
 def train_classifier(
-    model: Classifier,
+    model: eqx.Module,
     images: Float[ArrayLike, "n ..."],
     labels: Int[ArrayLike, " n"],
     *,
@@ -277,8 +277,9 @@ def train_classifier(
     progress: bool = True,
     callback: Any = None,
 ) -> TrainResult:
-    r"""Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier] or an
-    [`AttentionClassifier`][energyattn.models.AttentionClassifier] by cross-entropy.
+    r"""Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier], an
+    [`AttentionClassifier`][energyattn.models.AttentionClassifier], or any classifier module
+    with `image_shape`, `num_classes` and `model(image) -> logits`, by cross-entropy.
 
     Each step draws `batch_size` training examples (without replacement) with the key
     `fold_in(key, step)`, so a run resumed from its checkpoint follows the same path as an

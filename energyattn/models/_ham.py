@@ -15,8 +15,8 @@ from .. import lagrangians
 from .._checks import check_finite, check_positive, positive_int, shape_str
 from .._solver import Solution
 from ..ham import HAM, BiasSynapse, ConvSynapse, DenseSynapse, Neurons
-from ._classifier import _check_images, _classification_loss
-from ._training import TrainResult, fit
+from ._classifier import _check_images, train_classifier
+from ._training import TrainResult
 
 
 def _parts(
@@ -372,17 +372,13 @@ def train_ham_classifier(
         D. Krotov, *Hierarchical Associative Memory* (2021), arXiv:2107.06446; B. Hoover et
         al., HAMUX (github.com/bhoov/hamux).
     """
-    images, labels = _check_images(model, images, labels)
-    batch_size = positive_int("batch_size", batch_size)
-    if batch_size > images.shape[0]:
-        raise ValueError(f"batch_size={batch_size} exceeds the {images.shape[0]} training images")
-    return fit(
+    return train_classifier(
         model,
-        _classification_loss,
-        (images, labels),
-        (batch_size,),
+        images,
+        labels,
         key=key,
         num_steps=num_steps,
+        batch_size=batch_size,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,
