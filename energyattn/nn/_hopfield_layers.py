@@ -15,6 +15,7 @@ early stop on the Frobenius norm of the change of the association matrix) is the
 bounded, a `lax.while_loop` with implicit derivatives at the fixed point when it is not.
 """
 
+import functools
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -66,11 +67,18 @@ class HopfieldHeadsEnergy(AbstractEnergy):
 
     def __call__(self, x: Float[Array, "heads seq dim"], args: Any = None) -> Scalar:
         check_shape("x", x, "heads seq dim", heads=self.keys.shape[0], dim=self.keys.shape[2])
-
-        def head(q, k, b):
-            return hopfield_energy(q, k, beta=b, mask=self.mask, implementation="naive")
-
+        head = functools.partial(_head_energy, mask=self.mask)
         return jnp.sum(jax.vmap(head)(x, self.keys, self.beta))
+
+
+def _head_energy(
+    xi: Float[Array, "seq dim"],
+    keys: Float[Array, "stored dim"],
+    beta: Float[Array, ""],
+    mask: Bool[Array, "seq stored"] | None,
+) -> Scalar:
+    """One head's energy $E_h$: the log-sum-exp energy of its stored patterns."""
+    return hopfield_energy(xi, keys, beta=beta, mask=mask, implementation="naive")
 
 
 # -------------------------------------------------------------------------------- helpers
@@ -111,7 +119,7 @@ def _per_head(name: str, value: Any, num_heads: int, convert: Callable[[Any], An
 
 
 def _steps_max(value: Any) -> int | None:
-    if value is None or (not isinstance(value, bool) and int(value) < 0 and value == int(value)):
+    if value is None or (isinstance(value, int | np.integer) and value < 0):
         return None  # hopfield-layers' "no limit" (None, or -1 in a tensor)
     return positive_int("update_steps_max", value, minimum=0)
 
@@ -309,13 +317,17 @@ class Hopfield(eqx.Module):
                 "batch_first must be True: energyattn layers are unbatched (jax.vmap them over "
                 "a batch), so there is no batch axis to put second"
             )
-        for flag, affine in (
-            ("normalize_stored_pattern", normalize_stored_pattern_affine),
-            ("normalize_state_pattern", normalize_state_pattern_affine),
-            ("normalize_pattern_projection", normalize_pattern_projection_affine),
-            ("normalize_hopfield_space", normalize_hopfield_space_affine),
+        for flag, on, affine in (
+            ("normalize_stored_pattern", normalize_stored_pattern, normalize_stored_pattern_affine),
+            ("normalize_state_pattern", normalize_state_pattern, normalize_state_pattern_affine),
+            (
+                "normalize_pattern_projection",
+                normalize_pattern_projection,
+                normalize_pattern_projection_affine,
+            ),
+            ("normalize_hopfield_space", normalize_hopfield_space, normalize_hopfield_space_affine),
         ):
-            if affine and not locals()[flag]:
+            if affine and not on:
                 raise ValueError(f"{flag}_affine=True needs {flag}=True (an affine map of no norm)")
         dtype = default_dtype(dtype)
         self.num_heads = heads = positive_int("num_heads", num_heads)
@@ -563,6 +575,8 @@ class Hopfield(eqx.Module):
         def association(xi, keys, b):
             return _masked_softmax(b * xi @ keys.T, allowed)
 
+        force = jax.grad(functools.partial(_head_energy, mask=allowed))
+
         def head(xi0, keys, b, limit, tol):
             a0 = association(xi0, keys, b)
 
@@ -572,7 +586,7 @@ class Hopfield(eqx.Module):
 
             def update(carry):
                 t, xi, a, _ = carry
-                xi = a @ keys  # = xi - grad E(xi): one gradient step of size 1
+                xi = xi - force(xi, keys, b)  # one gradient step of size 1: softmax(...) K
                 a_next = association(xi, keys, b)
                 change = jnp.sqrt(jnp.sum(jnp.square(jax.lax.stop_gradient(a_next - a))))
                 return t + 1, xi, a_next, change > tol
@@ -582,21 +596,17 @@ class Hopfield(eqx.Module):
             t, xi, a, _ = bounded_while(active, update, init, bound, unrolled=not unlimited)
             return t, xi, a
 
-        if unlimited:  # the loop runs without derivatives; they come from the fixed point
-            steps, xi, a = jax.vmap(head)(*no_grad((q, k, beta)), limits, eps)
-        else:
-            steps, xi, a = jax.vmap(head)(q, k, beta, limits, eps)
-        if unlimited:
-            # `lax.while_loop` has no reverse mode; the converged states are differentiated
-            # as the fixed point xi = softmax(beta xi K^T) K (implicit function theorem).
-            def fixed(xi, args):
-                keys, b = args
-                return jax.vmap(lambda x, kk, bb: association(x, kk, bb) @ kk)(xi, keys, b)
-
-            problem, flat, unravel = flatten_problem("fixed_point", fixed, xi, (k, beta))
-            xi = unravel(implicit_value(flat, problem, (k, beta)))
-            a = jax.vmap(association)(xi, k, beta)
-        return a, steps
+        if not unlimited:
+            steps, _, a = jax.vmap(head)(q, k, beta, limits, eps)
+            return a, steps
+        # `lax.while_loop` has no reverse mode: the loop runs without derivatives, and the
+        # converged states are differentiated as the stationary point of the heads' energy
+        # (implicit function theorem).
+        steps, xi, _ = jax.vmap(head)(*no_grad((q, k, beta)), limits, eps)
+        energy = HopfieldHeadsEnergy(k, beta, allowed)
+        problem, flat, unravel = flatten_problem("minimise", energy, xi, None)
+        xi = unravel(implicit_value(flat, problem, None))
+        return jax.vmap(association)(xi, k, beta), steps
 
     # --------------------------------------------------------------------------- public
 
