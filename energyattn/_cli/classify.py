@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.random as jr
 import numpy as np
 
@@ -17,6 +16,7 @@ from .common import (
     add_progress_flag,
     check_out,
     int_at_least,
+    num_parameters,
     run,
     say,
     time_limit_note,
@@ -124,7 +124,7 @@ def run_classify_demo(
         height, width = train.images.shape[1:]
         model = MeanFieldClassifier((1, height, width), patch_size=7, key=jr.PRNGKey(seed))
         dataset = f"MNIST from {mnist}"
-    num_params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)))
+    num_params = num_parameters(model)
     progress(
         f"{dataset}: {len(train.labels)} train / {len(test.labels)} test; {num_params} parameters"
     )

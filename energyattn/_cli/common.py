@@ -87,6 +87,14 @@ def add_progress_flag(parser: argparse.ArgumentParser, what: str = "the progress
     parser.add_argument("--no-progress", action="store_true", help=f"hide {what}")
 
 
+def num_parameters(model: Any) -> int:
+    """The number of trainable (floating-point) parameters of an Equinox model."""
+    import equinox as eqx  # not at import time: `--help` and early failures stay fast
+    import jax
+
+    return int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))))
+
+
 def say(line: str) -> None:
     """Progress of a command, one indented line at a time."""
     print(f"  {line}", flush=True)

@@ -20,6 +20,7 @@ from .common import (
     add_progress_flag,
     check_out,
     int_at_least,
+    num_parameters,
     run,
     say,
     time_limit_note,
@@ -179,7 +180,7 @@ def run_ham_demo(
         FeedforwardClassifier,
         HAMClassifier,
         evaluate_ham_classifier,
-        train_ham_classifier,
+        train_classifier,
     )
 
     out = check_out(out)  # before any data, compilation or training
@@ -189,10 +190,7 @@ def run_ham_demo(
     shape = dict(channels=channels, dtype=jnp.float32, key=jr.PRNGKey(seed))
     untrained = HAMClassifier(num_steps=descent_steps, step_size=step_size, **shape)
     models = {"ham": untrained, "feedforward": FeedforwardClassifier(**shape)}
-    counts = {
-        name: int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))))
-        for name, model in models.items()
-    }
+    counts = {name: num_parameters(model) for name, model in models.items()}
     counts["untrained_ham"] = counts["ham"]
     progress(
         f"digits (scikit-learn, 8x8): {len(train.labels)} train / {len(test.labels)} test; "
@@ -219,7 +217,7 @@ def run_ham_demo(
     trained = {}
     for name, model in models.items():
         began = time.perf_counter()
-        result = train_ham_classifier(
+        result = train_classifier(
             model,
             train_images,
             train.labels,

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
-import jax
 import jax.random as jr
 import numpy as np
 
@@ -19,6 +17,7 @@ from .common import (
     add_progress_flag,
     check_out,
     int_at_least,
+    num_parameters,
     run,
     say,
     time_limit_note,
@@ -178,8 +177,7 @@ def run_smt_demo(
             model = AttentionClassifier(
                 name, patch_size=patch_size, dim=dim, num_heads=num_heads, key=key
             )
-        params = eqx.filter(model, eqx.is_inexact_array)
-        num_params = int(sum(x.size for x in jax.tree.leaves(params)))
+        num_params = num_parameters(model)
         untrained = evaluate_classifier(model, test_images, test.labels)
         progress(f"{TITLES[name]}: {num_params} parameters; training {train_steps} steps")
         began = time.perf_counter()

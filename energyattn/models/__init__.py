@@ -16,7 +16,6 @@ from ._ham import (
     FeedforwardClassifier as FeedforwardClassifier,
     HAMClassifier as HAMClassifier,
     evaluate_ham_classifier as evaluate_ham_classifier,
-    train_ham_classifier as train_ham_classifier,
 )
 from ._image_et import (
     ImageEnergyTransformer as ImageEnergyTransformer,

@@ -1,7 +1,6 @@
 """An image classifier that is a hierarchical associative memory: image, convolutional
 features and labels as neuron layers of one energy, trained through its unrolled descent."""
 
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -15,8 +14,7 @@ from .. import lagrangians
 from .._checks import check_finite, check_positive, positive_int, shape_str
 from .._solver import Solution
 from ..ham import HAM, BiasSynapse, ConvSynapse, DenseSynapse, Neurons
-from ._classifier import _check_images, train_classifier
-from ._training import TrainResult
+from ._classifier import _check_images
 
 
 def _parts(
@@ -114,8 +112,8 @@ class HAMClassifier(eqx.Module):
     logits would apply a second softmax to probabilities; reading $\log g_y$ would compute
     in a numerically worse form what $\beta x_y$ gives exactly.
 
-    Training backpropagates through the unrolled descent (a `jax.lax.scan`); see
-    [`train_ham_classifier`][energyattn.models.train_ham_classifier]. The same-size
+    Training backpropagates through the unrolled descent (a `jax.lax.scan`) with
+    [`train_classifier`][energyattn.models.train_classifier]. The same-size
     feedforward baseline is [`FeedforwardClassifier`][energyattn.models.FeedforwardClassifier].
 
     **Arguments:**
@@ -319,76 +317,6 @@ class FeedforwardClassifier(eqx.Module):
 
 
 Model = HAMClassifier | FeedforwardClassifier
-
-
-def train_ham_classifier(
-    model: Model,
-    images: Float[ArrayLike, "n ..."],
-    labels: Int[ArrayLike, " n"],
-    *,
-    key: PRNGKeyArray,
-    num_steps: int,
-    batch_size: int = 64,
-    learning_rate: float = 3e-3,
-    warmup_steps: int | None = None,
-    weight_decay: float = 1e-4,
-    clip_norm: float = 1.0,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 100,
-    time_limit: float | None = None,
-    progress: bool = True,
-    callback: Any = None,
-) -> TrainResult:
-    r"""Train a [`HAMClassifier`][energyattn.models.HAMClassifier] (or its
-    [`FeedforwardClassifier`][energyattn.models.FeedforwardClassifier] baseline) by
-    cross-entropy.
-
-    $$\min_\theta\; \mathbb E_{(v, c)}\, \big[-\log \mathrm{softmax}\big(\beta\,
-      x_y^{(T)}(v;\theta)\big)_c\big]$$
-
-    with $x_y^{(T)}$ the label layer's state after the $T$ descent steps of the forward pass.
-    The gradient flows back through every step of the unrolled descent (the `jax.lax.scan`
-    of [`ea.descend`][energyattn.descend]). The loop, optimiser and checkpoints are those of
-    [`train_classifier`][energyattn.models.train_classifier]: each step draws `batch_size`
-    training examples with the key `fold_in(key, step)`, so a resumed run follows the same
-    path as an uninterrupted one, and the same `key` gives the HAM and the baseline the same
-    batches.
-
-    **Arguments:**
-
-    - `model`: the initial model.
-    - `images`: `(n, channels, height, width)`, or `(n, height, width)` for one channel.
-    - `labels`: integer classes, shape `(n,)`.
-    - `key`, `num_steps`, `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`,
-      `clip_norm`, `checkpoint`, `checkpoint_every`, `time_limit`, `progress`, `callback`:
-      as in [`train_inpainting`][energyattn.models.train_inpainting].
-
-    **Returns:**
-
-    A [`TrainResult`][energyattn.models.TrainResult].
-
-    ??? cite "Source"
-
-        D. Krotov, *Hierarchical Associative Memory* (2021), arXiv:2107.06446; B. Hoover et
-        al., HAMUX (github.com/bhoov/hamux).
-    """
-    return train_classifier(
-        model,
-        images,
-        labels,
-        key=key,
-        num_steps=num_steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        warmup_steps=warmup_steps,
-        weight_decay=weight_decay,
-        clip_norm=clip_norm,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        time_limit=time_limit,
-        progress=progress,
-        callback=callback,
-    )
 
 
 # An energy "rises" at a step when it grows by more than this many float epsilons of its
