@@ -5,6 +5,7 @@ negative energy rewards alignment: descending it moves each layer's state toward
 other layers' activations predict.
 """
 
+import math
 from typing import Any, Literal
 
 import equinox as eqx
@@ -75,7 +76,7 @@ class DenseSynapse(eqx.Module):
         key: PRNGKeyArray,
     ):
         self.shape_a, self.shape_b = _sizes(shape_a), _sizes(shape_b)
-        na, nb = int(jnp.prod(jnp.array(self.shape_a))), int(jnp.prod(jnp.array(self.shape_b)))
+        na, nb = math.prod(self.shape_a), math.prod(self.shape_b)
         self.weight = jr.normal(key, (na, nb), default_dtype(dtype)) / jnp.sqrt(na + nb)
 
     def __call__(self, g_a: Float[Array, "..."], g_b: Float[Array, "..."]) -> Scalar:
