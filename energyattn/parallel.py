@@ -28,7 +28,6 @@ out = attend(layer, xs)  # (batch, seq, dim), sharded over the devices
 """
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,9 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from ._checks import positive_int, shape_str
+from ._custom_types import Scalar, ScalarLike
+from ._energy import ring_hopfield_energy as _ring_hopfield_energy
 from ._train import train_step
 
 METHODS = ("jit", "shard_map")
@@ -92,12 +93,12 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def _check_batch(tree: PyTree, num_devices: int) -> None:
+def _check_batch(tree: PyTree, num_devices: int, what: str = "batch") -> None:
     for leaf in jax.tree.leaves(tree):
         shape = np.shape(leaf)
         if not shape or shape[0] % num_devices:
             raise ValueError(
-                "batch: every array's leading (batch) axis must be divisible by the "
+                f"{what}: every array's leading ({what}) axis must be divisible by the "
                 f"{num_devices} devices, got an array of shape {shape_str(shape)}"
             )
 
@@ -192,40 +193,26 @@ def _run_shard_map(fn: Callable, mesh: Mesh, module: Any, *batch: Any) -> Any:
 
 
 def pmap_apply(fn: Callable, module: Any, *batch: Any, devices: Sequence[Any] | None = None) -> Any:
-    """`jax.pmap` form of [`data_parallel`][energyattn.parallel.data_parallel].
+    """Compatibility shim for code written around `jax.pmap`: it is
+    [`data_parallel`][energyattn.parallel.data_parallel]`(fn, mesh, method="shard_map")` over
+    a mesh of `devices` (default `jax.local_devices()`, as `jax.pmap` maps over).
 
-    The batch `(B, ...)` is reshaped to `(devices, B // devices, ...)`, each device vmaps
-    `fn(module, *example)` over its part (the module is broadcast to every device), and the
-    outputs are reshaped back to `(B, ...)`. Prefer `data_parallel`; this exists for code
-    built around `pmap`.
-
-    `jax.pmap` still works, without a deprecation warning, in JAX 0.10 to 0.12, where it is
-    implemented on top of `jax.shard_map`: its outputs are ordinary global arrays (a
-    `NamedSharding` over the devices), so the reshaped result stays spread over them.
+    `jax.pmap` is in maintenance mode (since JAX 0.8 it is itself implemented with
+    `jax.shard_map`); new code should call `data_parallel` directly.
 
     **Arguments:**
 
     - `fn`: the per-example function `fn(module, *example)`.
-    - `module`: broadcast to every device (`in_axes=None`).
+    - `module`: replicated on every device.
     - `batch`: arrays whose leading axis is divisible by the number of devices.
     - `devices`: the devices to map over (default `jax.local_devices()`).
 
     **Returns:**
 
-    The batched outputs, leading axis `B`.
+    The batched outputs, leading axis `B`, sharded over the devices.
     """
     devices = list(jax.local_devices() if devices is None else devices)
-    n = len(devices)
-    _check_batch(batch, n)
-    split = jax.tree.map(lambda x: jnp.reshape(x, (n, -1) + jnp.shape(x)[1:]), batch)
-    out = _pmapped(fn, len(batch), tuple(devices))(module, *split)
-    return jax.tree.map(lambda x: jnp.reshape(x, (-1,) + x.shape[2:]), out)
-
-
-@functools.lru_cache(maxsize=64)
-def _pmapped(fn: Callable, num_batch: int, devices: tuple) -> Callable:
-    # Cached, so calling `pmap_apply` again with the same function reuses its compilation.
-    return eqx.filter_pmap(_vmapped(fn), in_axes=(None,) + (0,) * num_batch, devices=list(devices))
+    return data_parallel(fn, make_mesh(devices=devices), method="shard_map")(module, *batch)
 
 
 def sharded_train_step(
@@ -282,6 +269,142 @@ class _BatchMeanLoss:
 
     def __call__(self, params: Any, static: Any, *batch: Any) -> Array:
         return jnp.mean(_vmapped(self.loss_fn)(eqx.combine(params, static), *batch))
+
+
+def _explicit(mesh: Mesh) -> Mesh:
+    # The same devices and axis, typed `Explicit`: every array's sharding is then part of its
+    # type, which is how the attention log-sum-exp sees that a sequence is split.
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def context_parallel(fn: Callable, mesh: Mesh) -> Callable:
+    r"""Run an unbatched function with its sequences split over devices (context parallelism).
+
+    `fn(module, *sequences)` is any function of a module and arrays whose leading axis is
+    the sequence (tokens, queries, memories), e.g. `lambda layer, x: layer(x)`. The returned
+    function takes `(module, *sequences)`, places every sequence split along its leading
+    axis over the mesh (`seq / P` tokens per device), replicates the module, and runs `fn`
+    compiled, with the mesh's axis typed `Explicit` so that every array carries its
+    sharding in its type.
+
+    Token-wise work (projections, layer norms, Hopfield memories, the quadratic terms) then
+    runs where the tokens are, and every attention log-sum-exp whose keys are split along
+    the sequence (`ea.hopfield_energy`, `ea.transformer_attention_energy`,
+    `ea.attention_logsumexp` and every layer and model built on them:
+    `ea.nn.HopfieldAttention`, `ea.nn.EnergyTransformer` recall, the attractor network) is
+    computed by the ring: each device keeps its queries and passes key chunks to the next
+    device, $P$ times, accumulating the online log-sum-exp. Its gradients pass the keys and
+    their cotangents round the ring again, second derivatives too, so no device ever holds
+    more than $O(\mathrm{seq}/P)$ keys or a block of scores. The numbers are those of one
+    device (to rounding).
+
+    ```python
+    import jax.random as jr
+    import energyattn as ea
+
+    mesh = ea.parallel.make_mesh(axis_name="seq")  # all devices
+    layer = ea.nn.EnergyTransformer(16, num_heads=2, head_dim=8, num_memories=32, key=jr.key(0))
+    x = jr.normal(jr.key(1), (8 * mesh.devices.size, 16))  # tokens divisible by the devices
+    recall = ea.parallel.context_parallel(lambda layer, x: layer(x), mesh)
+    out = recall(layer, x)  # (seq, dim), each device holding seq / P tokens
+    ```
+
+    Inside your own `jax.jit` the same happens to any array whose type is split along the
+    sequence over an `Explicit` mesh axis (`jax.sharding.reshard(x, P("seq"))` under
+    `jax.set_mesh(mesh)`); `context_parallel` only does the placing for you.
+
+    **Arguments:**
+
+    - `fn`: the unbatched function.
+    - `mesh`: a one-axis mesh from [`make_mesh`][energyattn.parallel.make_mesh]; its axis
+      type is made `Explicit` here.
+
+    **Returns:**
+
+    A compiled function `(module, *sequences) -> fn's outputs`, sequence outputs split over
+    the devices.
+
+    **Raises:** `ValueError` naming the shape when a sequence length is not divisible by the
+    number of devices.
+
+    ??? cite "Source"
+
+        The ring schedule is that of H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with
+        Blockwise Transformers for Near-Infinite Context* (2023), here applied to the
+        log-sum-exp energy (M. Bal, 2020) whose gradient is attention.
+    """
+    _axis(mesh)
+    explicit = _explicit(mesh)
+
+    def call(module: Any, *sequences: Any) -> Any:
+        _check_batch(sequences, mesh.devices.size, what="sequence")
+        sequences = jax.device_put(sequences, batch_sharding(explicit))
+        with jax.set_mesh(explicit):
+            return _run_context_parallel(fn, replicate(module, explicit), *sequences)
+
+    return call
+
+
+@eqx.filter_jit
+def _run_context_parallel(fn: Callable, module: Any, *sequences: Any) -> Any:
+    return fn(module, *sequences)
+
+
+def ring_hopfield_energy(
+    query: Float[ArrayLike, "seq dim"],
+    memory: Float[ArrayLike, "mem dim"],
+    mesh: Mesh,
+    *,
+    beta: ScalarLike = 1.0,
+    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    block_size: int | None = None,
+) -> Scalar:
+    r"""[`ea.hopfield_energy`][energyattn.hopfield_energy] with queries and memories split
+    along the sequence over the devices of a one-axis mesh (ring attention).
+
+    $$E(Q; M) = \sum_i \tfrac12\lVert q_i\rVert^2 - \frac1\beta \sum_i
+      \log\sum_{p=1}^{P}\sum_{j\in\mathrm{chunk}_p} e^{\beta\, q_i\cdot m_j}$$
+
+    Device $p$ holds queries and memories $p\,\mathrm{seq}/P, \dots$ (and those rows of
+    `mask`). Each device keeps its queries and passes its memory chunk to the next device
+    (`jax.lax.ppermute` inside `jax.shard_map`); after $P$ visits every query has seen every
+    memory, and its running (online) log-sum-exp is that of the one-device blockwise path.
+    The gradient is a `jax.custom_vjp` whose backward pass sends the memory chunks round
+    again with their accumulating cotangents, and its own derivatives (Hessian-vector
+    products, training through a descent step) go round the ring as well. Per-device memory
+    is $O(\mathrm{seq}/P)$: a chunk of memories and a `(seq / P, block_size)` block of scores.
+
+    Works eagerly and under `jax.jit`, `jax.grad` (any number of times) and `jax.vmap`; the
+    inputs may arrive on any devices (they are resharded).
+    [`context_parallel`][energyattn.parallel.context_parallel] is the entry point for
+    whole layers and models.
+
+    **Arguments:**
+
+    - `query`: $Q$, shape `(seq, dim)`, `seq` divisible by the number of devices.
+    - `memory`: $M$, shape `(mem, dim)`, `mem` divisible by the number of devices.
+    - `mesh`: a one-axis mesh ([`make_mesh`][energyattn.parallel.make_mesh]).
+    - `beta`: inverse temperature $\beta > 0$.
+    - `mask`: optional boolean `(seq, mem)`, `True` where query $i$ may attend to memory
+      $j$ (causal, padding, ...); split by rows like the queries.
+    - `block_size`: memories per block of each device's online pass (default 256).
+
+    **Returns:**
+
+    The energy, a 0-d array equal to `ea.hopfield_energy(query, memory, ...)`.
+
+    **Raises:** `ValueError` naming the length when `seq` or `mem` is not divisible by the
+    number of devices, or when the mesh has more than one axis.
+
+    ??? cite "Source"
+
+        M. Bal, *An Energy-Based Perspective on Attention Mechanisms in Transformers* (2020)
+        (the energy); H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise
+        Transformers for Near-Infinite Context* (2023) (the ring schedule).
+    """
+    return _ring_hopfield_energy(
+        query, memory, mesh, _axis(mesh), beta=beta, mask=mask, block_size=block_size
+    )
 
 
 def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:

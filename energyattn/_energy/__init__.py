@@ -25,6 +25,7 @@ from ._hopfield import (
     dense_hopfield_energy as dense_hopfield_energy,
     hebbian_weights as hebbian_weights,
     hopfield_energy as hopfield_energy,
+    ring_hopfield_energy as ring_hopfield_energy,
 )
 from ._lagrangian import (
     layer_norm_lagrangian as layer_norm_lagrangian,

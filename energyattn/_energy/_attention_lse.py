@@ -21,15 +21,19 @@ memory of that gradient are decided here:
 `"auto"` picks cuDNN where it applies, else blockwise above a size threshold, else naive.
 """
 
-from typing import Literal
+import functools
+import math
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from jax.typing import DTypeLike
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, positive_int
 from .._custom_types import ScalarLike
+from .._sharding import explicit_sequence_axis
 
 Implementation = Literal["auto", "naive", "blockwise", "cudnn"]
 IMPLEMENTATIONS = ("auto", "naive", "blockwise", "cudnn")
@@ -150,6 +154,14 @@ def _naive_lse(q, k, beta, mask, exclude_self):
 
 
 # ------------------------------------------------------------------------- blockwise path
+#
+# Every blockwise pass below works on one *chunk* of keys: all the keys on one device, or,
+# in the ring (context-parallel) path, the keys of one device visiting another. A chunk
+# knows where it sits in the whole problem through `offsets = (row0, col0)`, the global
+# index of its first query and first key (0, 0 on one device), which is all that the
+# excluded diagonal needs; its mask is the `(seq, chunk)` slice of the rows' mask. The
+# passes that accumulate over keys take and return their running state (`carry`), so the
+# ring can thread it through the chunks of every device.
 
 
 def _blocks(k, mask, block_size):
@@ -166,14 +178,15 @@ def _blocks(k, mask, block_size):
     return k_blocks, mask, starts
 
 
-def _block_allowed(seq, start, block_size, mem, mask_block, exclude_self):
+def _block_allowed(seq, start, block_size, mem, mask_block, exclude_self, offsets):
     """Which entries of one `(seq, block_size)` block take part (or `None`: all of them)."""
     cols = start + jnp.arange(block_size)
     allowed = None
     if mem % block_size:  # the last block is padded with keys that must not count
         allowed = jnp.broadcast_to(cols[None, :] < mem, (seq, block_size))
     if exclude_self:
-        off_diagonal = jnp.arange(seq)[:, None] != cols[None, :]
+        row0, col0 = offsets
+        off_diagonal = (row0 + jnp.arange(seq))[:, None] != (col0 + cols)[None, :]
         allowed = off_diagonal if allowed is None else allowed & off_diagonal
     if mask_block is not None:
         allowed = mask_block if allowed is None else allowed & mask_block
@@ -188,10 +201,16 @@ def _block_probs(scores, shift, allowed):
     return jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - shift[:, None]), 0.0)
 
 
-def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
-    """One pass over key blocks: the log-sum-exp and the attention output
-    $\\sum_j p_{ij} k_j$ (running max, rescaled partial sums)."""
+def _forward_init(q, acc):
+    """The online pass's state before any key: running max, rescaled sum, rescaled output."""
     seq, dim = q.shape
+    return (jnp.full((seq,), -jnp.inf, acc), jnp.zeros((seq,), acc), jnp.zeros((seq, dim), acc))
+
+
+def _forward_chunk(q, k, beta, mask, exclude_self, block_size, carry, offsets=(0, 0)):
+    r"""The online pass over one chunk of keys: updates the running max, the rescaled sum of
+    exponentials and the rescaled $\sum_j p_{ij} k_j$."""
+    seq = q.shape[0]
     mem = k.shape[0]
     acc = beta.dtype
     k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
@@ -200,7 +219,7 @@ def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
         run_max, total, out = carry
         k_b, mask_b, start = xs
         scores = beta * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
         if allowed is None:
             new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         else:
@@ -215,12 +234,13 @@ def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
         )
         return (new_max, total, out), None
 
-    init = (
-        jnp.full((seq,), -jnp.inf, acc),
-        jnp.zeros((seq,), acc),
-        jnp.zeros((seq, dim), acc),
-    )
-    (run_max, total, out), _ = jax.lax.scan(body, init, (k_blocks, mask_blocks, starts))
+    carry, _ = jax.lax.scan(body, carry, (k_blocks, mask_blocks, starts))
+    return carry
+
+
+def _forward_finish(carry):
+    """The log-sum-exp and the attention output from the online pass's final state."""
+    run_max, total, out = carry
     # Every allowed row has total >= 1 (its max entry contributes exp(0)); empty rows have 0.
     nonempty = total > 0
     safe_total = jnp.where(nonempty, total, 1.0)
@@ -228,31 +248,39 @@ def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
     return lse, out / safe_total[:, None]
 
 
-def _blockwise_forward_cotangents(q, k, beta, mask, exclude_self, block_size, res, cot):
-    r"""Cotangents of `_blockwise_forward`'s outputs `(lse, out)` with respect to `(q, k, beta)`,
-    recomputing the probabilities block by block (flash attention's backward, with the keys
-    also the values):
+def _blockwise_forward(q, k, beta, mask, exclude_self, block_size):
+    r"""One pass over key blocks: the log-sum-exp and the attention output
+    $\sum_j p_{ij} k_j$ (running max, rescaled partial sums)."""
+    init = _forward_init(q, beta.dtype)
+    return _forward_finish(_forward_chunk(q, k, beta, mask, exclude_self, block_size, init))
+
+
+def _forward_cotangents_chunk(
+    q, k, beta, mask, exclude_self, block_size, lse, row_term, d_out, carry, offsets=(0, 0)
+):
+    r"""One chunk of the cotangents of the online pass's outputs `(lse, out)` with respect to
+    `(q, k, beta)`, recomputing the probabilities block by block (flash attention's backward,
+    with the keys also the values):
 
     $$dS_{ij} = p_{ij}\,(\bar o_i\cdot k_j - \bar o_i\cdot o_i + \bar l_i),\quad
       \bar q_i = \beta\sum_j dS_{ij} k_j,\quad
       \bar k_j = \beta\sum_i dS_{ij} q_i + \sum_i p_{ij}\bar o_i,\quad
-      \bar\beta = \sum_{ij} dS_{ij}\, q_i\cdot k_j.$$
+      \bar\beta = \sum_{ij} dS_{ij}\, q_i\cdot k_j,$$
+
+    with `row_term` $= \bar l_i - \bar o_i\cdot o_i$. `carry` accumulates
+    $(\bar q, \bar\beta)$; the chunk's keys' cotangent is returned.
     """
-    lse, out = res
-    d_lse, d_out = cot
     seq, dim = q.shape
     mem = k.shape[0]
     acc = beta.dtype
     k_blocks, mask_blocks, starts = _blocks(k, mask, block_size)
-    # d lse_i enters every score of row i with weight p_ij, like -(d out_i . out_i).
-    row_term = d_lse - jnp.einsum("sd,sd->s", d_out, out)
 
     def body(carry, xs):
         dq, dbeta = carry
         k_b, mask_b, start = xs
         qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
         scores = beta * qk
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
         probs = _block_probs(scores, lse, allowed)
         if allowed is not None:
             qk = jnp.where(allowed, qk, 0.0)
@@ -261,13 +289,30 @@ def _blockwise_forward_cotangents(q, k, beta, mask, exclude_self, block_size, re
         dk_b = beta * jnp.einsum("sb,sd->bd", d_scores, q) + jnp.einsum("sb,sd->bd", probs, d_out)
         return (dq, dbeta + jnp.sum(d_scores * qk)), dk_b
 
-    init = (jnp.zeros((seq, dim), acc), jnp.zeros((), acc))
-    (dq, dbeta), dk = jax.lax.scan(body, init, (k_blocks, mask_blocks, starts))
-    return dq, dk.reshape(-1, dim)[:mem], dbeta
+    carry, dk = jax.lax.scan(body, carry, (k_blocks, mask_blocks, starts))
+    return carry, dk.reshape(-1, dim)[:mem]
 
 
-def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights):
-    """$\\sum_i w_i\\, p_{ij}\\, q_i$ for every key $j$, recomputing $p$ block by block."""
+def _row_term(res, cot):
+    # d lse_i enters every score of row i with weight p_ij, like -(d out_i . out_i).
+    (_, out), (d_lse, d_out) = res, cot
+    return d_lse - jnp.einsum("sd,sd->s", d_out, out)
+
+
+def _blockwise_forward_cotangents(q, k, beta, mask, exclude_self, block_size, res, cot):
+    """Cotangents of `_blockwise_forward`'s outputs `(lse, out)` with respect to
+    `(q, k, beta)` (see `_forward_cotangents_chunk`)."""
+    acc = beta.dtype
+    init = (jnp.zeros(q.shape, acc), jnp.zeros((), acc))
+    (dq, dbeta), dk = _forward_cotangents_chunk(
+        q, k, beta, mask, exclude_self, block_size, res[0], _row_term(res, cot), cot[1], init
+    )
+    return dq, dk, dbeta
+
+
+def _key_cotangent_chunk(q, k, beta, mask, exclude_self, block_size, lse, weights, offsets=(0, 0)):
+    r"""$\sum_i w_i\, p_{ij}\, q_i$ for every key $j$ of a chunk, recomputing $p$ block by
+    block."""
     seq = q.shape[0]
     mem = k.shape[0]
     acc = beta.dtype
@@ -277,7 +322,7 @@ def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, we
     def one_block(xs):
         k_b, mask_b, start = xs
         scores = beta * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
         probs = _block_probs(scores, lse, allowed)
         return jnp.einsum("sb,sd->bd", probs, weighted_q)
 
@@ -285,14 +330,25 @@ def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, we
     return grads.reshape(-1, q.shape[1])[:mem]
 
 
-def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse, weights, g):
-    r"""Cotangents of $T_j = \sum_i w_i\, p_{ij}\, q_i$ (`_blockwise_key_cotangent`) with
-    respect to `(q, k, beta, lse, weights)` for an output cotangent $G$, block by block.
-    With $u_{ij} = G_j\cdot q_i$ and $A_{ij} = w_i\, u_{ij}\, p_{ij}$:
+def _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights):
+    r"""$\sum_i w_i\, p_{ij}\, q_i$ for every key $j$, recomputing $p$ block by block."""
+    return _key_cotangent_chunk(q, k, beta, mask, exclude_self, block_size, lse, weights)
+
+
+def _key_cotangent_vjp_chunk(
+    q, k, g, beta, mask, exclude_self, block_size, lse, weights, carry, offsets=(0, 0)
+):
+    r"""One chunk of the cotangents of $T_j = \sum_i w_i\, p_{ij}\, q_i$
+    (`_key_cotangent_chunk`) with respect to `(q, k, beta, lse, weights)` for an output
+    cotangent $G$ (`g`, one row per key of the chunk), block by block. With
+    $u_{ij} = G_j\cdot q_i$ and $A_{ij} = w_i\, u_{ij}\, p_{ij}$:
 
     $$\bar q_i = \sum_j w_i p_{ij} G_j + \beta\sum_j A_{ij} k_j,\quad
       \bar k_j = \beta\sum_i A_{ij} q_i,\quad \bar\beta = \sum_{ij} A_{ij}\, q_i\cdot k_j,\quad
       \bar l_i = -\sum_j A_{ij},\quad \bar w_i = \sum_j p_{ij} u_{ij}.$$
+
+    `carry` accumulates $(\bar q, \bar l, \bar w, \bar\beta)$; the chunk's keys' cotangent
+    is returned.
     """
     seq, dim = q.shape
     mem = k.shape[0]
@@ -306,7 +362,7 @@ def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse
         dq, dlse, dw, dbeta = carry
         k_b, g_b, mask_b, start = xs
         qk = jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
         probs = _block_probs(beta * qk, lse, allowed)
         if allowed is not None:
             qk = jnp.where(allowed, qk, 0.0)
@@ -323,10 +379,148 @@ def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse
         )
         return carry, dk_b
 
-    zeros = jnp.zeros((seq,), acc)
-    init = (jnp.zeros((seq, dim), acc), zeros, zeros, jnp.zeros((), acc))
-    (dq, dlse, dw, dbeta), dk = jax.lax.scan(body, init, (k_blocks, g_blocks, mask_blocks, starts))
-    return dq, dk.reshape(-1, dim)[:mem], dbeta, dlse, dw
+    carry, dk = jax.lax.scan(body, carry, (k_blocks, g_blocks, mask_blocks, starts))
+    return carry, dk.reshape(-1, dim)[:mem]
+
+
+def _key_cotangent_vjp_init(q, acc):
+    zeros = jnp.zeros((q.shape[0],), acc)
+    return (jnp.zeros(q.shape, acc), zeros, zeros, jnp.zeros((), acc))
+
+
+def _blockwise_key_cotangent_vjp(q, k, beta, mask, exclude_self, block_size, lse, weights, g):
+    """Cotangents of `_blockwise_key_cotangent` (see `_key_cotangent_vjp_chunk`)."""
+    init = _key_cotangent_vjp_init(q, beta.dtype)
+    (dq, dlse, dw, dbeta), dk = _key_cotangent_vjp_chunk(
+        q, k, g, beta, mask, exclude_self, block_size, lse, weights, init
+    )
+    return dq, dk, dbeta, dlse, dw
+
+
+# ----------------------------------------------------------------------------- ring path
+#
+# Context parallelism: queries and keys are split along the sequence over a mesh axis of P
+# devices, and these functions run inside `jax.shard_map` on one device's shard. Each device
+# keeps its queries (and their rows of the mask) and the key chunks go round the ring
+# (`jax.lax.ppermute` to the next device), P visits in all; at every visit the device runs
+# the one-device chunk pass above on the visiting chunk, with the chunk's global offsets. A
+# pass that produces the keys' cotangent sends a running sum along with the keys, which
+# comes home after the P-th hop. Per-device memory is O(seq / P): one chunk of keys (and of
+# its cotangent) at a time, plus the blocks of the chunk pass.
+
+
+class RingAxis(NamedTuple):
+    """A mesh axis (or several, flattened) that the sequence is split over, and its size."""
+
+    name: str | tuple[str, ...]
+    size: int
+
+
+def _ring_pass(ring, step, carry, travel, total=None):
+    """Run `step(carry, travel, source) -> (carry, contribution)` on the chunk of every device
+    of the ring in turn, `source` being the device the visiting chunk `travel` belongs to.
+    With `total` (a running sum that travels with the chunk) the contributions are summed
+    and returned to the chunk's own device."""
+    me = jax.lax.axis_index(ring.name)
+    perm = [(i, (i + 1) % ring.size) for i in range(ring.size)]
+
+    def send(tree):
+        return jax.tree.map(lambda x: jax.lax.ppermute(x, ring.name, perm), tree)
+
+    if total is None:
+        # The next chunk is sent while this one is worked on (neither waits for the other).
+        def body(state, t):
+            carry, travel = state
+            carry, _ = step(carry, travel, (me - t) % ring.size)
+            return (carry, send(travel)), None
+
+        (carry, travel), _ = jax.lax.scan(body, (carry, travel), jnp.arange(ring.size - 1))
+        return step(carry, travel, (me - (ring.size - 1)) % ring.size)[0], None
+
+    def body(state, t):
+        carry, travel, total = state
+        carry, contribution = step(carry, travel, (me - t) % ring.size)
+        return (carry, send(travel), send(jax.tree.map(jnp.add, total, contribution))), None
+
+    (carry, _, total), _ = jax.lax.scan(body, (carry, travel, total), jnp.arange(ring.size))
+    return carry, total
+
+
+def _ring_chunk(ring, q, k, mask, source):
+    """The visiting chunk's mask columns and its `(row0, col0)` offsets."""
+    mem = k.shape[0]
+    if mask is not None:
+        mask = jax.lax.dynamic_slice_in_dim(mask, source * mem, mem, axis=1)
+    return mask, (jax.lax.axis_index(ring.name) * q.shape[0], source * mem)
+
+
+def _ring_forward(ring, q, k, beta, mask, exclude_self, block_size):
+    def step(carry, k_chunk, source):
+        mask_c, offsets = _ring_chunk(ring, q, k_chunk, mask, source)
+        args = (q, k_chunk, beta, mask_c, exclude_self, block_size, carry, offsets)
+        return _forward_chunk(*args), None
+
+    carry, _ = _ring_pass(ring, step, _forward_init(q, beta.dtype), k)
+    return _forward_finish(carry)
+
+
+def _ring_forward_cotangents(ring, q, k, beta, mask, exclude_self, block_size, res, cot):
+    row_term = _row_term(res, cot)
+
+    def step(carry, k_chunk, source):
+        mask_c, offsets = _ring_chunk(ring, q, k_chunk, mask, source)
+        return _forward_cotangents_chunk(
+            q,
+            k_chunk,
+            beta,
+            mask_c,
+            exclude_self,
+            block_size,
+            res[0],
+            row_term,
+            cot[1],
+            carry,
+            offsets,
+        )
+
+    acc = beta.dtype
+    init = (jnp.zeros(q.shape, acc), jnp.zeros((), acc))
+    (dq, dbeta), dk = _ring_pass(ring, step, init, k, jnp.zeros(k.shape, acc))
+    return dq, dk, dbeta
+
+
+def _ring_key_cotangent(ring, q, k, beta, mask, exclude_self, block_size, lse, weights):
+    def step(carry, k_chunk, source):
+        mask_c, offsets = _ring_chunk(ring, q, k_chunk, mask, source)
+        return carry, _key_cotangent_chunk(
+            q, k_chunk, beta, mask_c, exclude_self, block_size, lse, weights, offsets
+        )
+
+    return _ring_pass(ring, step, (), k, jnp.zeros(k.shape, beta.dtype))[1]
+
+
+def _ring_key_cotangent_vjp(ring, q, k, beta, mask, exclude_self, block_size, lse, weights, g):
+    def step(carry, chunk, source):
+        k_chunk, g_chunk = chunk
+        mask_c, offsets = _ring_chunk(ring, q, k_chunk, mask, source)
+        return _key_cotangent_vjp_chunk(
+            q,
+            k_chunk,
+            g_chunk,
+            beta,
+            mask_c,
+            exclude_self,
+            block_size,
+            lse,
+            weights,
+            carry,
+            offsets,
+        )
+
+    init = _key_cotangent_vjp_init(q, beta.dtype)
+    carry, dk = _ring_pass(ring, step, init, (k, g), jnp.zeros(k.shape, beta.dtype))
+    dq, dlse, dw, dbeta = carry
+    return dq, dk, dbeta, dlse, dw
 
 
 #: The `jax.nn.dot_product_attention` implementation of the fused path. Tests swap in `"xla"`
@@ -364,25 +558,35 @@ def _cudnn_key_cotangent(q, k, beta, weights):
     return cotangent.astype(beta.dtype)
 
 
-def _make_fused(method: str, exclude_self: bool, block_size: int):
-    """The log-sum-exp as a `custom_vjp` (one per static configuration)."""
+def _make_fused(method: str, exclude_self: bool, block_size: int, ring: RingAxis | None):
+    """The log-sum-exp as a `custom_vjp` (one per static configuration). With `ring` it is
+    the context-parallel log-sum-exp of one device's shard (inside `jax.shard_map`): the same
+    custom_vjps around the ring passes."""
+    if ring is None:
+        forward_pass = _blockwise_forward
+        forward_cotangents = _blockwise_forward_cotangents
+        key_cotangent_pass = _blockwise_key_cotangent
+        key_cotangent_vjp = _blockwise_key_cotangent_vjp
+    else:
+        forward_pass = functools.partial(_ring_forward, ring)
+        forward_cotangents = functools.partial(_ring_forward_cotangents, ring)
+        key_cotangent_pass = functools.partial(_ring_key_cotangent, ring)
+        key_cotangent_vjp = functools.partial(_ring_key_cotangent_vjp, ring)
 
     # The forward pass (log-sum-exp and attention output) has a custom_vjp of its own, so
     # that differentiating the energy's gradient again -- training through a descent step --
     # also runs block by block instead of storing every block's probabilities.
     @jax.custom_vjp
     def blockwise_forward(q, k, beta, mask):
-        return _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+        return forward_pass(q, k, beta, mask, exclude_self, block_size)
 
     def blockwise_forward_fwd(q, k, beta, mask):
-        res = _blockwise_forward(q, k, beta, mask, exclude_self, block_size)
+        res = forward_pass(q, k, beta, mask, exclude_self, block_size)
         return res, (q, k, beta, mask, res)
 
     def blockwise_forward_bwd(saved, cot):
         q, k, beta, mask, res = saved
-        dq, dk, dbeta = _blockwise_forward_cotangents(
-            q, k, beta, mask, exclude_self, block_size, res, cot
-        )
+        dq, dk, dbeta = forward_cotangents(q, k, beta, mask, exclude_self, block_size, res, cot)
         return dq.astype(q.dtype), dk.astype(k.dtype), dbeta.astype(beta.dtype), None
 
     blockwise_forward.defvjp(blockwise_forward_fwd, blockwise_forward_bwd)
@@ -391,7 +595,7 @@ def _make_fused(method: str, exclude_self: bool, block_size: int):
     # keys are functions of the state).
     @jax.custom_vjp
     def key_cotangent(q, k, beta, mask, lse, weights):
-        return _blockwise_key_cotangent(q, k, beta, mask, exclude_self, block_size, lse, weights)
+        return key_cotangent_pass(q, k, beta, mask, exclude_self, block_size, lse, weights)
 
     def key_cotangent_fwd(q, k, beta, mask, lse, weights):
         out = key_cotangent(q, k, beta, mask, lse, weights)
@@ -399,7 +603,7 @@ def _make_fused(method: str, exclude_self: bool, block_size: int):
 
     def key_cotangent_bwd(saved, g):
         q, k, beta, mask, lse, weights = saved
-        dq, dk, dbeta, dlse, dw = _blockwise_key_cotangent_vjp(
+        dq, dk, dbeta, dlse, dw = key_cotangent_vjp(
             q, k, beta, mask, exclude_self, block_size, lse, weights, g
         )
         return (
@@ -448,8 +652,8 @@ def _make_fused(method: str, exclude_self: bool, block_size: int):
 _FUSED: dict[tuple, object] = {}
 
 
-def _fused(method: str, exclude_self: bool, block_size: int):
-    key = (method, exclude_self, block_size)
+def _fused(method: str, exclude_self: bool, block_size: int, ring: RingAxis | None = None):
+    key = (method, exclude_self, block_size, ring)
     if key not in _FUSED:
         _FUSED[key] = _make_fused(*key)
     return _FUSED[key]
@@ -470,17 +674,66 @@ def lse_rows(
     exclude_self: bool,
     method: str,
     block_size: int,
+    ring: tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None = None,
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
-    over heads by the energies). `beta` must already be in the accumulation dtype."""
+    over heads by the energies). `beta` must already be in the accumulation dtype.
+
+    With `ring = (mesh, axis)`, or when the keys arrive split along their sequence over an
+    `Explicit` mesh axis (`jax.typeof(k).sharding`), the rows are computed context-parallel
+    by [`ring_lse`](#energyattn._energy._attention_lse.ring_lse), whatever `method` says."""
     if k.shape[0] == 0:
         # An empty memory: every row is an empty sum, whose log-sum-exp is defined as 0 (the
         # rule of a fully masked row), not log(0) = -inf.
         return jnp.zeros((q.shape[0],), beta.dtype)
+    ring = explicit_sequence_axis(k) if ring is None else ring
+    if ring is not None:
+        return ring_lse(q, k, beta, mask, exclude_self, block_size, *ring)
     if method == "naive":
         return _naive_lse(q, k, beta, mask, exclude_self)
     # A block never needs to be longer than the keys (less padding, same result).
     return _fused(method, exclude_self, min(block_size, k.shape[0]))(q, k, beta, mask)
+
+
+def ring_lse(
+    q: Float[Array, "seq dim"],
+    k: Float[Array, "mem dim"],
+    beta: Float[Array, ""],
+    mask: Bool[Array, "seq mem"] | None,
+    exclude_self: bool,
+    block_size: int,
+    mesh: Mesh | AbstractMesh,
+    axis: str | tuple[str, ...],
+) -> Float[Array, " seq"]:
+    """The log-sum-exp rows context-parallel: queries, keys and the mask's rows split along
+    the sequence over the mesh axis `axis` (`jax.shard_map`), key chunks passed round the
+    ring. Same value and derivatives (to any order the blockwise path has) as one device."""
+    names = axis if isinstance(axis, tuple) else (axis,)
+    size = math.prod(mesh.shape[name] for name in names)
+    for what, length in (("queries", q.shape[0]), ("keys", k.shape[0])):
+        if length % size:
+            raise ValueError(
+                f"context parallelism: the {what}' sequence length {length} must be divisible "
+                f"by the {size} devices of mesh axis {axis!r}"
+            )
+    fused = _fused(
+        "blockwise", exclude_self, min(block_size, k.shape[0] // size), RingAxis(axis, size)
+    )
+    rows = PartitionSpec(axis)
+    args, specs = (q, k, beta), (rows, rows, PartitionSpec())
+    if mask is not None:
+        args, specs = args + (mask,), specs + (PartitionSpec(axis, None),)
+    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        # Explicit sharding types must match the specs exactly (queries may arrive whole).
+        args = tuple(
+            jax.sharding.reshard(a, NamedSharding(mesh, s))
+            for a, s in zip(args, specs, strict=True)
+        )
+
+    def local(q, k, beta, mask=None):
+        return fused(q, k, beta, mask)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=rows, check_vma=False)(*args)
 
 
 def attention_logsumexp(

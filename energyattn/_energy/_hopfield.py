@@ -75,6 +75,20 @@ def hopfield_energy(
         eq. "energyfunc", and *Attention as Energy Minimization: Visualizing Energy Landscapes*
         (2021); H. Ramsauer et al., *Hopfield Networks is All You Need* (2020).
     """
+    return _hopfield_energy(query, memory, beta, mask, implementation, block_size, ring=None)
+
+
+def _hopfield_energy(
+    query: Float[ArrayLike, "seq dim"],
+    memory: Float[ArrayLike, "mem dim"],
+    beta: ScalarLike,
+    mask: Bool[ArrayLike, "seq mem"] | None,
+    implementation: Implementation,
+    block_size: int | None,
+    ring: tuple[Any, str] | None,
+) -> Scalar:
+    # `hopfield_energy`, with `ring = (mesh, axis)` computed context-parallel over that axis
+    # (`ea.parallel.ring_hopfield_energy`).
     check_matching_dim("query", query, "seq dim", "memory", memory, "mem dim")
     beta = check_positive("beta", beta)
     query = jnp.asarray(query)
@@ -95,7 +109,7 @@ def hopfield_energy(
     )
     acc = jnp.promote_types(jnp.result_type(query, memory), jnp.float32)
     beta = beta.astype(acc)
-    lse = lse_rows(query, memory, beta, mask, False, method, resolve_block_size(block_size))
+    lse = lse_rows(query, memory, beta, mask, False, method, resolve_block_size(block_size), ring)
     quadratic = 0.5 * jnp.sum(jnp.square(query.astype(acc)))
     return quadratic - jnp.sum(lse) / beta
 
@@ -366,3 +380,18 @@ class DenseHopfieldEnergy(AbstractEnergy):
 
     def __call__(self, x: Float[Array, " dim"], args: Any = None) -> Scalar:
         return dense_hopfield_energy(x, self.patterns, self.separation)
+
+
+def ring_hopfield_energy(
+    query: Float[ArrayLike, "seq dim"],
+    memory: Float[ArrayLike, "mem dim"],
+    mesh: Any,
+    axis: str,
+    *,
+    beta: ScalarLike = 1.0,
+    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    block_size: int | None = None,
+) -> Scalar:
+    """`hopfield_energy` context-parallel over the mesh axis `axis` (checked by the caller,
+    `ea.parallel.ring_hopfield_energy`)."""
+    return _hopfield_energy(query, memory, beta, mask, "blockwise", block_size, (mesh, axis))

@@ -6,10 +6,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._checks import check_finite, check_positive, check_shape, concrete_value, shape_str
 from .._custom_types import Scalar, ScalarLike
+from .._sharding import explicit_sequence_axis, like_rows
 from ._attention_lse import masked_logsumexp
 from ._base import AbstractEnergy
 
@@ -123,7 +125,16 @@ def _local_energy(x_i: Array, x: Array, i: Array, couplings: Array, lam: Array) 
     others = jnp.arange(num_tokens) != i
     # J_ii is zeroed before the product: its score is masked out of the sum, but in the
     # backward pass a zero cotangent times a non-finite J_ii would still give NaN.
-    row = jnp.take(couplings, i, axis=0)  # (N, d, d): J_ij for all j
+    if explicit_sequence_axis(x) is None:
+        row = jnp.take(couplings, i, axis=0)  # (N, d, d): J_ij for all j
+    else:
+        # Tokens split over devices (context parallelism), `i` mapped over with them: every
+        # device needs all tokens, and the rows J_i of its own tokens, selected by a one-hot
+        # contraction (an index mapped over a split axis is a gather whose output sharding
+        # JAX cannot resolve).
+        x = jax.sharding.reshard(x, PartitionSpec())
+        pick = jax.nn.one_hot(i, num_tokens, dtype=couplings.dtype)
+        row = jnp.einsum("n,njde->jde", pick, couplings)
     row = jnp.where(others[:, None, None], row, jnp.zeros((), row.dtype))
     scores = jnp.einsum("d,jde,je->j", x_i, row, x, preferred_element_type=acc)
     lse = masked_logsumexp((lam.astype(acc) * scores)[None], others[None])[0]
@@ -142,7 +153,9 @@ def local_energies(
     couplings = check_local_couplings(couplings)
     x = _check_state(x, couplings)
     lam = check_positive("lam", lam)
-    index = jnp.arange(couplings.shape[0])  # in range by construction: no runtime check
+    # In range by construction: no runtime check. Split over devices like the tokens when
+    # they are (context parallelism, `ea.parallel.context_parallel`).
+    index = like_rows(jnp.arange(couplings.shape[0]), x)
     return jax.vmap(lambda xi, i: _local_energy(xi, x, i, couplings, lam))(x, index)
 
 

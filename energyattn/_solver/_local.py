@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import shape_str
 from .._custom_types import Scalar
+from .._sharding import like_rows
 
 
 def local_forces(
@@ -59,5 +60,5 @@ def local_forces(
             )
         return e_i
 
-    grads = jax.vmap(jax.grad(own_energy))(x, jnp.arange(x.shape[0]))
+    grads = jax.vmap(jax.grad(own_energy))(x, like_rows(jnp.arange(x.shape[0]), x))
     return -grads.astype(x.dtype)
