@@ -6,8 +6,10 @@ the ring when its keys are split along the sequence, and so that arrays mapped o
 are split alike.
 """
 
+import math
+
 import jax
-from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array
 
 
@@ -27,8 +29,29 @@ def like_rows(a: Array, like: Array) -> Array:
     """`a` split along its leading axis like `like`'s rows when those are split over an
     `Explicit` mesh axis (so that the two can be mapped over together), else `a`."""
     found = explicit_sequence_axis(like)
-    if found is None:
-        return a
-    mesh, axis = found
-    spec = PartitionSpec(axis, *([None] * (a.ndim - 1)))
-    return jax.sharding.reshard(a, NamedSharding(mesh, spec))
+    return a if found is None else split_rows(a, *found)
+
+
+def axis_size(mesh: Mesh | AbstractMesh, axis: str | tuple[str, ...]) -> int:
+    """The number of devices along `axis` (the product, for several axes)."""
+    return math.prod(mesh.shape[name] for name in (axis if isinstance(axis, tuple) else (axis,)))
+
+
+def split_rows(
+    a: Array, mesh: Mesh | AbstractMesh, axis: str | tuple[str, ...], what: str = "sequence"
+) -> Array:
+    """`a` placed split along its leading axis over the mesh axis `axis`: a `reshard` when the
+    axis is `Explicit` (the type changes), a sharding constraint for the compiler otherwise.
+
+    **Raises:** `ValueError` naming `what` and its length when the devices do not divide it.
+    """
+    size = axis_size(mesh, axis)
+    if a.shape[0] % size:
+        raise ValueError(
+            f"context parallelism: the {what} length {a.shape[0]} must be divisible by the "
+            f"{size} devices of mesh axis {axis!r}"
+        )
+    sharding = NamedSharding(mesh, PartitionSpec(axis, *([None] * (a.ndim - 1))))
+    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return jax.sharding.reshard(a, sharding)
+    return jax.lax.with_sharding_constraint(a, sharding)

@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
+from .._sharding import split_rows
 from ._attention_lse import (
     Implementation,
     check_implementation,
@@ -93,6 +94,12 @@ def _hopfield_energy(
     beta = check_positive("beta", beta)
     query = jnp.asarray(query)
     memory = jnp.asarray(memory)
+    if ring is not None:
+        # Split along the sequence before anything is computed from them (the quadratic
+        # term, the padding), not only inside the ring.
+        query = split_rows(query, *ring, "queries' sequence")
+        memory = split_rows(memory, *ring, "memories' sequence")
+        mask = None if mask is None else split_rows(jnp.asarray(mask), *ring, "mask's query")
     if mask is not None:
         mask = check_mask(mask, (query.shape[0], memory.shape[0]), "seq mem")
         # A memory no query may attend to (padding) is zeroed before the product: in the

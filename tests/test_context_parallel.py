@@ -1,0 +1,223 @@
+"""Context parallelism: attention energies with the sequence split over 2, 4 and 8 (forced CPU)
+devices, the keys passed round a ring. Every number must equal one device."""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+import energyattn as ea
+
+SEQ, DIM = 16, 4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def eight_devices():
+    if jax.device_count() < 8:
+        pytest.fail(
+            f"these tests need 8 devices, found {jax.device_count()}: run pytest from the "
+            "repository (tests/conftest.py sets XLA_FLAGS=--xla_force_host_platform_device_count=8)"
+        )
+
+
+def mesh_of(num_devices, axis_types=AxisType.Auto):
+    return jax.make_mesh(
+        (num_devices,), ("seq",), axis_types=(axis_types,), devices=jax.devices()[:num_devices]
+    )
+
+
+def max_difference(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def inputs(dtype):
+    rng = np.random.default_rng(0)
+    q, k, vq, vk = (jnp.asarray(rng.normal(size=(SEQ, DIM)), dtype) for _ in range(4))
+    # Causal and padding at once (the last three memories are padding), and one query that
+    # may attend to nothing (its log-sum-exp is defined as 0, as on one device).
+    mask = np.tril(np.ones((SEQ, SEQ), bool))
+    mask[:, -3:] = False
+    mask[0] = False
+    return q, k, vq, vk, jnp.asarray(mask)
+
+
+def value_grad_hvp(energy, q, k, beta, vq, vk):
+    """The energy, its gradient in (query, memory, beta) and the Hessian-vector product
+    (reverse over reverse) in the direction (vq, vk, 1)."""
+
+    def directional(q, k, beta):
+        gq, gk, gb = jax.grad(energy, argnums=(0, 1, 2))(q, k, beta)
+        return jnp.vdot(gq, vq) + jnp.vdot(gk, vk) + gb
+
+    value, grads = jax.value_and_grad(energy, argnums=(0, 1, 2))(q, k, beta)
+    return value, grads, jax.grad(directional, argnums=(0, 1, 2))(q, k, beta)
+
+
+@pytest.mark.parametrize("num_devices", [2, 4, 8])
+@pytest.mark.parametrize("masked", [False, True])
+def test_ring_energy_gradient_and_hvp_equal_one_device(num_devices, masked):
+    q, k, vq, vk, mask = inputs(jnp.float64)
+    mask = mask if masked else None
+    beta = jnp.asarray(0.7, jnp.float64)
+    mesh = mesh_of(num_devices)
+
+    def one_device(q, k, beta):
+        return ea.hopfield_energy(q, k, beta=beta, mask=mask)
+
+    def ring(q, k, beta):
+        # block_size 3 also pads the last block of every device's chunk.
+        return ea.parallel.ring_hopfield_energy(q, k, mesh, beta=beta, mask=mask, block_size=3)
+
+    expected = jax.jit(functools.partial(value_grad_hvp, one_device))(q, k, beta, vq, vk)
+    got = jax.jit(functools.partial(value_grad_hvp, ring))(q, k, beta, vq, vk)
+    assert max_difference(got, expected) < 1e-12
+
+
+def test_ring_energy_in_float32():
+    q, k, vq, vk, mask = (
+        x.astype(jnp.float32) if x.dtype != bool else x for x in inputs(jnp.float64)
+    )
+    beta = jnp.asarray(0.7, jnp.float32)
+    mesh = mesh_of(8)
+
+    def ring(q, k, beta):
+        return ea.parallel.ring_hopfield_energy(q, k, mesh, beta=beta, mask=mask)
+
+    def one_device(q, k, beta):
+        return ea.hopfield_energy(q, k, beta=beta, mask=mask)
+
+    got = jax.jit(functools.partial(value_grad_hvp, ring))(q, k, beta, vq, vk)
+    expected = jax.jit(functools.partial(value_grad_hvp, one_device))(q, k, beta, vq, vk)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        assert a.dtype == jnp.float32
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # Eagerly, outside any jit, too.
+    np.testing.assert_allclose(ring(q, k, beta), expected[0], rtol=1e-5)
+
+
+def test_jit_grad_of_hopfield_energy_on_sequence_split_inputs():
+    # The user's call from issue 21: inputs split along the sequence over an Explicit mesh
+    # axis used to fail in the blockwise path's lax.scan ("0th dimension of all xs should be
+    # replicated"); the log-sum-exp now sees the split in the keys' type and runs the ring.
+    q, k, *_ = inputs(jnp.float64)
+    q, k = jnp.tile(q, (64, 1)), jnp.tile(k, (64, 1)) * 0.5  # 1024 x 1024: the blockwise path
+    mesh = mesh_of(8, AxisType.Explicit)
+    split = NamedSharding(mesh, PartitionSpec("seq"))
+    grad = jax.jit(jax.grad(ea.hopfield_energy, argnums=(0, 1)))
+    got = grad(jax.device_put(q, split), jax.device_put(k, split))
+    assert got[0].sharding.spec[0] == "seq"
+    assert max_difference(got, grad(q, k)) < 1e-12
+
+
+def layer_cases():
+    key = jr.key(0)
+    return {
+        "hopfield_attention": ea.nn.HopfieldAttention(
+            DIM, num_heads=2, num_steps=2, step_size=0.5, key=key
+        ),
+        "energy_transformer": ea.nn.EnergyTransformer(
+            DIM, num_heads=2, head_dim=3, num_memories=5, num_steps=2, key=key
+        ),
+    }
+
+
+def layer_value_grad_hvp(layer, x, v, mask):
+    """A loss of the layer's output, its gradient in the input and every parameter, and the
+    input's Hessian-vector product (third derivatives of the energy for the ET)."""
+    params, static = eqx.partition(layer, eqx.is_inexact_array)
+
+    def loss(params, x):
+        layer = eqx.combine(params, static)
+        out = layer(x) if mask is None else layer(x, mask=mask)
+        return jnp.sum(jnp.sin(out))
+
+    def directional(x):
+        # An elementwise product and a sum: `jnp.vdot` of two arrays split along the
+        # sequence is a contraction over a split axis, which Explicit sharding rejects.
+        return jnp.sum(jax.grad(loss, argnums=1)(params, x) * v)
+
+    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    return value, grads, jax.grad(directional)(x)
+
+
+@pytest.mark.parametrize("num_devices", [2, 4, 8])
+@pytest.mark.parametrize("name", ["hopfield_attention", "energy_transformer"])
+def test_layers_context_parallel_equal_one_device(name, num_devices):
+    layer = layer_cases()[name]
+    _, _, x, v, mask = inputs(jnp.float64)
+    layer = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, layer)
+    # The Energy Transformer takes a (seq, seq) mask of its own; HopfieldAttention a (seq, mem)
+    # one: both get the causal + padding mask.
+    run = functools.partial(layer_value_grad_hvp, mask=mask)
+    expected = eqx.filter_jit(run)(layer, x, v)
+    mesh = ea.parallel.make_mesh(num_devices, axis_name="seq")
+    got = ea.parallel.context_parallel(run, mesh)(layer, x, v)
+    assert max_difference(got, expected) < 1e-12
+    # The outputs really are split: every device holds seq / P tokens of the input gradient.
+    x_grad = got[1][1]
+    assert {s.data.shape[0] for s in x_grad.addressable_shards} == {SEQ // num_devices}
+
+
+def test_energy_transformer_recall_trajectory_context_parallel():
+    layer = layer_cases()["energy_transformer"]
+    x = jr.normal(jr.key(3), (SEQ, DIM))
+
+    def recall(layer, x):
+        out, solution = layer(x, return_trajectory=True)
+        return out, solution.energies
+
+    expected = eqx.filter_jit(recall)(layer, x)
+    got = ea.parallel.context_parallel(recall, ea.parallel.make_mesh(8, axis_name="seq"))(
+        layer, x
+    )
+    # float32: the sums over tokens are added in another order across devices.
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert bool(jnp.all(jnp.diff(got[1]) <= 1e-5))  # recall still descends the energy
+
+
+def test_attractor_network_context_parallel():
+    layer = ea.nn.AttractorAttention(SEQ, DIM, num_steps=3, key=jr.key(4))
+    x = jr.normal(jr.key(5), (SEQ, DIM))
+    run = lambda layer, x: (layer(x), layer.energy(x))  # noqa: E731
+    expected = eqx.filter_jit(run)(layer, x)
+    got = ea.parallel.context_parallel(run, ea.parallel.make_mesh(4, axis_name="seq"))(layer, x)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ring_memory_per_device_is_a_chunk():
+    # Compiled (not run): the ring's temporaries on each of 8 devices against the one-device
+    # blockwise program. An implementation that gathered the keys (or held a score matrix)
+    # would need about as much as one device.
+    seq, dim = 4096, 16
+    q = jax.ShapeDtypeStruct((seq, dim), jnp.float32)
+    mesh = mesh_of(8)
+
+    def temp_bytes(fn):
+        compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(q, q).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    one = temp_bytes(lambda q, k: ea.hopfield_energy(q, k, implementation="blockwise"))
+    ring = temp_bytes(lambda q, k: ea.parallel.ring_hopfield_energy(q, k, mesh))
+    assert ring <= 1.2 * one / 8, (ring, one)
+
+
+def test_context_parallel_errors():
+    mesh = mesh_of(4)
+    q = jnp.ones((10, DIM))
+    with pytest.raises(ValueError, match="queries. sequence length 10 must be divisible by the 4 devices"):
+        ea.parallel.ring_hopfield_energy(q, q, mesh)
+    layer = layer_cases()["hopfield_attention"]
+    with pytest.raises(ValueError, match=r"sequence: .* divisible by the 4 devices.*\(10, 4\)"):
+        ea.parallel.context_parallel(lambda layer, x: layer(x), mesh)(layer, q)
+    two_axes = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
+    with pytest.raises(ValueError, match="one-axis"):
+        ea.parallel.ring_hopfield_energy(jnp.ones((8, DIM)), jnp.ones((8, DIM)), two_axes)
