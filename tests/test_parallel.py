@@ -148,29 +148,72 @@ WORKER = textwrap.dedent(
     """
     import sys
     import equinox as eqx
-    import jax, jax.numpy as jnp, jax.random as jr, numpy as np
+    import jax, jax.numpy as jnp, jax.random as jr, numpy as np, optax
     import energyattn as ea
 
     address, pid = sys.argv[1], int(sys.argv[2])
     ea.parallel.initialize(address, 2, pid)
     assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
+    rng = np.random.default_rng(1)  # the same numbers in both processes
+
+    def report(name, value, expected):
+        print("RESULT", pid, name, float(value), float(expected), flush=True)
+
+    def local_copy(x):  # a replicated global array: this process's copy
+        return np.asarray(x.addressable_data(0))
+
+    # Data parallelism: a layer and a training step, the batch split over both processes.
     mesh = ea.parallel.make_mesh()
     layer = ea.nn.HopfieldAttention(8, num_heads=2, key=jr.key(0))
-    xs = np.random.default_rng(1).normal(size=(8, 5, 8)).astype(np.float32)
+    xs = rng.normal(size=(8, 5, 8)).astype(np.float32)
     local = xs[4 * pid : 4 * (pid + 1)]  # each process loads its own half of the batch
+    batch = ea.parallel.global_batch(local, mesh)
 
     def square_norm(layer, x):
         return jnp.sum(layer(x) ** 2)
 
-    out = ea.parallel.data_parallel(square_norm, mesh)(layer, ea.parallel.global_batch(local, mesh))
+    out = ea.parallel.data_parallel(square_norm, mesh)(layer, batch)
     assert out.shape == (8,) and len(out.sharding.device_set) == 4
     # The global sum is a cross-process reduction; replicated, so every process reads it.
     total = jax.jit(jnp.sum, out_shardings=ea.parallel.replicated(mesh))(out)
     # The same sum computed by this process alone, on one device.
-    expected = eqx.filter_jit(lambda l, x: jnp.sum(jax.vmap(square_norm, (None, 0))(l, x)))(
-        layer, xs
-    )
-    print("RESULT", pid, float(total), float(expected), flush=True)
+    norms = eqx.filter_jit(jax.vmap(square_norm, (None, 0)))
+    report("forward", total, jnp.sum(norms(layer, xs)))
+
+    optimizer = optax.sgd(0.01)
+    opt_state = optimizer.init(eqx.filter(layer, eqx.is_inexact_array))
+    step = ea.parallel.sharded_train_step(square_norm, optimizer, mesh)
+    trained, _, loss = step(layer, opt_state, batch)
+    mean_loss = lambda layer: jnp.mean(norms(layer, xs))
+    expected_loss, grads = eqx.filter_value_and_grad(mean_loss)(layer)
+    expected = eqx.apply_updates(layer, optimizer.update(grads, opt_state)[0])
+    report("train_loss", local_copy(loss), expected_loss)
+    for name in ("query_proj", "key_proj", "output_proj"):
+        got, want = getattr(trained, name).weight, getattr(expected, name).weight
+        report("train_" + name, np.abs(local_copy(got) - want).max() + 1, 1)
+
+    # Context parallelism: the sequence split over the 4 devices of both processes.
+    seq_mesh = ea.parallel.make_mesh(axis_name="seq")
+    q, k, w = (rng.normal(size=(16, 8)).astype(np.float32) for _ in range(3))
+    mask = np.tril(np.ones((16, 16), bool))
+
+    def energy_and_grad(energy):
+        def run(q, k):
+            value, (gq, gk) = jax.value_and_grad(energy, argnums=(0, 1))(q, k)
+            return value, jnp.sum(gq * w) + jnp.sum(gk * w)
+        return run
+
+    ring = lambda q, k: ea.parallel.ring_hopfield_energy(q, k, seq_mesh, beta=0.5, mask=mask)
+    one = lambda q, k: ea.hopfield_energy(q, k, beta=0.5, mask=mask)
+    got = jax.jit(energy_and_grad(ring), out_shardings=ea.parallel.replicated(seq_mesh))(q, k)
+    want = jax.jit(energy_and_grad(one))(q, k)
+    report("ring_energy", local_copy(got[0]), want[0])
+    report("ring_gradient", local_copy(got[1]), want[1])
+
+    et = ea.nn.EnergyTransformer(8, num_heads=2, head_dim=4, num_memories=6, key=jr.key(1))
+    recall = lambda layer, x: jnp.sum(layer(x) * w)
+    got = ea.parallel.context_parallel(recall, seq_mesh)(et, q)
+    report("et_recall", local_copy(got), eqx.filter_jit(recall)(et, q))
     jax.distributed.shutdown()
     """
 )
@@ -221,6 +264,11 @@ def test_two_processes_on_loopback(tmp_path):
         for line in output.splitlines()
         if line.startswith("RESULT")
     ]
-    assert sorted(int(r[0]) for r in results) == [0, 1]
-    for _, total, expected in results:
-        np.testing.assert_allclose(float(total), float(expected), rtol=1e-5)
+    names = ["forward", "train_loss", "train_query_proj", "train_key_proj", "train_output_proj"]
+    names += ["ring_energy", "ring_gradient", "et_recall"]
+    assert sorted((int(pid), name) for pid, name, *_ in results) == sorted(
+        (pid, name) for pid in (0, 1) for name in names
+    )
+    for _, name, value, expected in results:
+        # float32, and sums over devices of two processes added in another order.
+        np.testing.assert_allclose(float(value), float(expected), rtol=2e-5, err_msg=name)
