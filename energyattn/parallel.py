@@ -1,19 +1,24 @@
-"""Data-parallel execution of any energyattn layer or model over devices.
+"""Data- and context-parallel execution of any energyattn layer or model over devices.
 
-Layers and models are unbatched; a batch is `jax.vmap` over examples. Here the batch axis is
-split across devices, in three interchangeable ways that give the same numbers as one device:
+Layers and models are unbatched; a batch is `jax.vmap` over examples. The **batch** axis is
+split across devices in three interchangeable ways that give the same numbers as one device:
 
 - `method="jit"`: `jax.jit` with `NamedSharding`s on a mesh of `Auto` axes; the compiler
   (GSPMD) partitions the vmapped program and inserts any communication.
 - `method="shard_map"`: `jax.shard_map`; every device runs the vmapped function on its own
   shard of the batch, with the parameters replicated.
-- [`pmap_apply`][energyattn.parallel.pmap_apply]: the older `jax.pmap` style, kept for code
-  that uses it.
+- [`pmap_apply`][energyattn.parallel.pmap_apply]: a compatibility shim for code written
+  around `jax.pmap`.
 
 [`sharded_train_step`][energyattn.parallel.sharded_train_step] is a training step whose batch
 is sharded and whose parameters are replicated: the mean loss's gradient is all-reduced by the
-compiler. Several hosts (processes) work the same way after
-[`initialize`][energyattn.parallel.initialize]; see its docstring.
+compiler.
+
+The **sequence** is split by [`context_parallel`][energyattn.parallel.context_parallel]
+(any layer or model) and [`ring_hopfield_energy`][energyattn.parallel.ring_hopfield_energy]
+(the energy): every attention log-sum-exp then passes its keys round a ring of devices.
+Several hosts (processes) work the same way after
+[`initialize`][energyattn.parallel.initialize]; see its docstring and the scaling-out guide.
 
 ```python
 import jax.random as jr
@@ -425,9 +430,9 @@ def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:
 
 
 def initialize(
-    coordinator_address: str,
-    num_processes: int,
-    process_id: int,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
     *,
     local_device_ids: Sequence[int] | None = None,
     cpu_collectives: str | None = None,
@@ -442,9 +447,12 @@ def initialize(
     data and assemble the global batch with
     [`global_batch`][energyattn.parallel.global_batch]; then
     [`data_parallel`][energyattn.parallel.data_parallel] and
-    [`sharded_train_step`][energyattn.parallel.sharded_train_step] work unchanged. On GPU and
-    TPU clusters whose scheduler JAX recognises (SLURM, Cloud TPU, ...) the arguments can be
-    detected automatically by calling `jax.distributed.initialize()` directly.
+    [`sharded_train_step`][energyattn.parallel.sharded_train_step] work unchanged, and so do
+    [`context_parallel`][energyattn.parallel.context_parallel] and
+    [`ring_hopfield_energy`][energyattn.parallel.ring_hopfield_energy] over a mesh of every
+    process's devices. Under a scheduler JAX recognises (SLURM, Open MPI, Cloud TPU, ...)
+    call `initialize()` without arguments: they are read from the job's environment. The
+    [scaling-out guide](../guides/scaling-out.md) shows a SLURM launch.
 
     Every process must run the same sharded computations in the same order (SPMD). A
     result sharded over the mesh holds only this process's rows; reduce it with an output
@@ -467,17 +475,27 @@ def initialize(
 
     - `coordinator_address`: `"host:port"` of process 0.
     - `num_processes`: the number of processes.
-    - `process_id`: this process's index.
+    - `process_id`: this process's index. Give all three, or none (detected from the
+      cluster's scheduler by `jax.distributed.initialize`).
     - `local_device_ids`: restrict this process to some of its local devices.
     - `cpu_collectives`: the CPU backend's cross-process collectives, `"gloo"` or `"mpi"`
       (`jax_cpu_collectives_implementation`). The default `None` keeps JAX's setting, which
       is `"gloo"` unless changed (JAX 0.10 to 0.12), and gloo is what CPU processes need to
       exchange data; only CPU devices are affected.
     """
-    num_processes = positive_int("num_processes", num_processes)
-    process_id = positive_int("process_id", process_id, minimum=0)
-    if process_id >= num_processes:
-        raise ValueError(f"process_id must be < num_processes={num_processes}, got {process_id}")
+    given = [x is not None for x in (coordinator_address, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise ValueError(
+            "give coordinator_address, num_processes and process_id together, or none of "
+            "them (detected from the cluster's scheduler)"
+        )
+    if all(given):
+        num_processes = positive_int("num_processes", num_processes)
+        process_id = positive_int("process_id", process_id, minimum=0)
+        if process_id >= num_processes:
+            raise ValueError(
+                f"process_id must be < num_processes={num_processes}, got {process_id}"
+            )
     if cpu_collectives is not None:
         jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
     jax.distributed.initialize(

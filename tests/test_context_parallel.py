@@ -32,9 +32,8 @@ def mesh_of(num_devices, axis_types=AxisType.Auto):
 
 
 def max_difference(a, b):
-    return max(
-        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    )
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in pairs)
 
 
 def inputs(dtype):
@@ -174,9 +173,7 @@ def test_energy_transformer_recall_trajectory_context_parallel():
         return out, solution.energies
 
     expected = eqx.filter_jit(recall)(layer, x)
-    got = ea.parallel.context_parallel(recall, ea.parallel.make_mesh(8, axis_name="seq"))(
-        layer, x
-    )
+    got = ea.parallel.context_parallel(recall, ea.parallel.make_mesh(8, axis_name="seq"))(layer, x)
     # float32: the sums over tokens are added in another order across devices.
     for a, b in zip(got, expected, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -213,7 +210,9 @@ def test_ring_memory_per_device_is_a_chunk():
 def test_context_parallel_errors():
     mesh = mesh_of(4)
     q = jnp.ones((10, DIM))
-    with pytest.raises(ValueError, match="queries. sequence length 10 must be divisible by the 4 devices"):
+    with pytest.raises(
+        ValueError, match="queries. sequence length 10 must be divisible by the 4 devices"
+    ):
         ea.parallel.ring_hopfield_energy(q, q, mesh)
     layer = layer_cases()["hopfield_attention"]
     with pytest.raises(ValueError, match=r"sequence: .* divisible by the 4 devices.*\(10, 4\)"):

@@ -142,6 +142,8 @@ def test_bad_input(mesh, user_mode):
         ea.parallel.make_mesh(0)
     with pytest.raises(ValueError, match="process_id must be < num_processes=2"):
         ea.parallel.initialize("localhost:1", 2, 2)
+    with pytest.raises(ValueError, match="together, or none of them"):
+        ea.parallel.initialize("localhost:1", 2)
 
 
 WORKER = textwrap.dedent(
