@@ -11,11 +11,20 @@ value and gradient of `sum(out ** 2)` with respect to queries and keys. head_dim
 
 Targets (same device, same run, seq 1024-4096): forward <= 1.05x and training <= 1.1x `hand`.
 
+Roofline: the rate of XLA's matrix product of two 2048 x 2048 float32 matrices (`jnp.dot`,
+2 * 2048^3 flops), measured in the same run (before and after the table; the median of all
+its repeats). Every row gives the `auto` energy's rate, counting 4 * seq^2 * head_dim flops
+per head for the forward (scores and output) and 12 * seq^2 * head_dim for the training step
+(forward and the backward's five products, without the probabilities' recomputation), and
+its fraction of the roofline. Targets at seq >= 2048: forward >= 75%, training >= 70%.
+
     OPENBLAS_NUM_THREADS=1 taskset -c 0 python benchmarks/attention_speed.py [--quick]
 """
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -29,6 +38,27 @@ import energyattn as ea  # noqa: E402
 
 HEAD_DIM = 64
 BETA = HEAD_DIM**-0.5
+ROOFLINE_SIZE = 2048
+#: Flops per head and per score entry (seq x seq) over head_dim, as counted for each mode.
+FLOPS_PER_ENTRY = {"forward": 4, "training": 12}
+
+
+def roofline_samples(repeats: int) -> list[float]:
+    """Seconds per `jnp.dot` of two `ROOFLINE_SIZE`-square float32 matrices (compiled, after a
+    warm-up run), `repeats` times."""
+    x, y = jr.normal(jr.key(0), (2, ROOFLINE_SIZE, ROOFLINE_SIZE), jnp.float32)
+    dot = jax.jit(jnp.dot).lower(x, y).compile()
+    jax.block_until_ready(dot(x, y))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(dot(x, y))
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def gflops(seconds: float, flops: float) -> float:
+    return flops / seconds / 1e9
 
 
 def energy_attention(implementation: str):
@@ -79,6 +109,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     seqs = args.seqs or ([512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192])
     heads_list = args.heads or [1, 8]
     repeats = args.repeats or (3 if args.quick else 5)
+    # The roofline before the table (and again after it: the machine's load drifts).
+    roofline_before = roofline_samples(2 * repeats + 1)
+    flops_roofline = 2 * ROOFLINE_SIZE**3
+    print(
+        f"roofline (before): {gflops(statistics.median(roofline_before), flops_roofline):.1f} "
+        f"GFLOP/s ({ROOFLINE_SIZE}^3 float32 matrix product)",
+        flush=True,
+    )
     contenders = {
         "energy": energy_attention("auto"),
         "energy_naive": energy_attention("naive"),
@@ -113,6 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     number=number,
                 )
                 base = timing["hand"]["median_s"]
+                flops = FLOPS_PER_ENTRY[mode] * heads * seq * seq * HEAD_DIM
                 row = {
                     "benchmark": "attention_speed",
                     "mode": mode,
@@ -125,14 +164,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "repeats": repeats,
                     "timing": timing,
                     "ratio_to_hand": {name: t["median_s"] / base for name, t in timing.items()},
+                    "flops": flops,
+                    "gflops": {name: gflops(t["median_s"], flops) for name, t in timing.items()},
                 }
                 rows.append(row)
                 ratios = "  ".join(f"{n} {r:.2f}" for n, r in row["ratio_to_hand"].items())
                 print(
                     f"{mode:8s} heads {heads} seq {seq:5d} hand {base * 1e3:8.2f} ms  "
-                    f"[auto={chosen}]  {ratios}",
+                    f"[auto={chosen}]  {ratios}  auto {row['gflops']['energy']:.1f} GFLOP/s",
                     flush=True,
                 )
+    roofline_after = roofline_samples(2 * repeats + 1)
+    roofline = gflops(statistics.median(roofline_before + roofline_after), flops_roofline)
+    print(
+        f"roofline: {roofline:.1f} GFLOP/s (before "
+        f"{gflops(statistics.median(roofline_before), flops_roofline):.1f}, after "
+        f"{gflops(statistics.median(roofline_after), flops_roofline):.1f})"
+    )
+    for row in rows:
+        row["roofline_gflops"] = roofline
+        row["roofline_gflops_before_after"] = [
+            gflops(statistics.median(samples), flops_roofline)
+            for samples in (roofline_before, roofline_after)
+        ]
+        row["fraction_of_roofline"] = {
+            name: rate / roofline for name, rate in row["gflops"].items()
+        }
+        auto = row["gflops"]["energy"]
+        print(
+            f"{row['mode']:8s} heads {row['heads']} seq {row['seq']:5d}  auto {auto:6.1f} "
+            f"GFLOP/s  {auto / roofline:4.0%} of roofline  (hand "
+            f"{row['fraction_of_roofline']['hand']:4.0%})"
+        )
     path = write_rows("attention_speed" + ("_quick" if args.quick else ""), rows)
     print(f"wrote {path}")
     return rows

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 BENCHMARKS = {
     "attention_speed": "energy attention vs hand-written softmax vs dot_product_attention",
     "attention_memory": "temporary memory of the attention step, naive vs blockwise",
+    "context_parallel": "per-device memory and time of the ring energy vs one device",
     "et_recall": "ea.descend vs a hand-written lax.scan (Energy Transformer recall)",
     "deq": "fixed-point solvers; implicit vs unrolled gradients vs number of steps",
     "spin_saddle": "the vector-spin saddle point in multiples of one Cholesky",

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
+from ._sharding import explicit_sequence_axis
+
 
 def shape_str(shape: tuple[int, ...]) -> str:
     """A shape as Python writes it: `(3,)`, `(32, 8)`, `()`."""
@@ -141,12 +143,46 @@ def check_positive(name: str, value: Any) -> Array:
     return check_values(name, value, lambda v: v > 0, "> 0")
 
 
+def _is_split(x: Any) -> bool:
+    return any(explicit_sequence_axis(leaf) is not None for leaf in jax.tree.leaves(x))
+
+
+def _through_scalar(x: Any, check: Callable[[Array], Array]) -> Any:
+    # Equinox's check is a callback, which runs on one device: passing arrays split over a
+    # mesh through it would gather them there. Pass a scalar zero through it instead and add
+    # it to every floating-point leaf, so the check stays in the computation.
+    zero = check(jnp.zeros((), jnp.int32))
+    return jax.tree.map(
+        lambda leaf: (
+            leaf + zero.astype(leaf.dtype)
+            if eqx.is_array(leaf) and jnp.issubdtype(leaf.dtype, jnp.inexact)
+            else leaf
+        ),
+        x,
+    )
+
+
+def error_if(x: Any, failed: Array, message: str) -> Any:
+    """`eqx.error_if(x, failed, message)`, also for arrays split along their sequence over
+    devices (context parallelism), which it keeps split."""
+    if not _is_split(x):
+        return eqx.error_if(x, failed, message)
+    return _through_scalar(x, lambda zero: eqx.error_if(zero, failed, message))
+
+
+def branched_error_if(x: Any, failed: Array, index: Array, messages: list[str]) -> Any:
+    """`eqx.branched_error_if`, also for arrays split along their sequence over devices."""
+    if not _is_split(x):
+        return eqx.branched_error_if(x, failed, index, messages)
+    return _through_scalar(x, lambda zero: eqx.branched_error_if(zero, failed, index, messages))
+
+
 def check_finite(name: str, x: ArrayLike) -> Array:
     """Runtime check that `x` holds no NaN/inf; returns `x` (as an array)."""
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return x
-    return eqx.error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
+    return error_if(x, ~jnp.all(jnp.isfinite(x)), f"{name} contains NaN or inf")
 
 
 def error_if_nonfinite(
@@ -170,13 +206,13 @@ def error_if_nonfinite(
                 names.append(prefix + jax.tree_util.keystr(path))
                 finite.append(jnp.all(jnp.isfinite(leaf)))
     if not names:
-        return eqx.error_if(x, failed, otherwise)
+        return error_if(x, failed, otherwise)
     bad = ~jnp.stack(finite)
     index = jnp.where(jnp.any(bad), jnp.argmax(bad), len(names))
     # Under vmap the branch index is the batch maximum: examples that did not fail vote 0.
     index = jnp.where(failed, index, 0)
     msgs = [blame.format(name) for name in names] + [otherwise]
-    return eqx.branched_error_if(x, failed, index, msgs)
+    return branched_error_if(x, failed, index, msgs)
 
 
 def check_mask(mask: Any, shape: tuple[int | None, ...], dims: str) -> Array:

@@ -37,12 +37,20 @@ Implementation = Literal["auto", "naive", "blockwise", "cudnn"]
 IMPLEMENTATIONS = ("auto", "naive", "blockwise", "cudnn")
 
 #: Above this many score entries (heads x seq x mem) `"auto"` takes the blockwise path. On a
-#: CPU it is as fast as the naive one from about 512 x 512 entries and faster beyond
-#: (`benchmarks/attention_speed.py`); the memory it saves grows with the size.
-BLOCKWISE_THRESHOLD = 2**18
-#: Keys per block of the blockwise path: `(seq, 256)` float32 blocks are 1 MiB per 1024 queries
-#: (256 was the fastest of 64-512 on a CPU at seq 512-4096).
+#: CPU core (head size 64, float32) it is faster than the naive one from 2^18 entries on (seq
+#: 512: forward 152 vs 146 GFLOP/s, training 147 vs 131 at 1 head; 163 vs 138 and 145 vs 97
+#: at 8 heads), level at 1 head x 256 x 256, and slower at 8 heads x 128 x 128 (forward 100
+#: vs 119, training 116 vs 125); the memory it saves grows with the size.
+BLOCKWISE_THRESHOLD = 2**17
+#: Keys per block of the blockwise path by default, up to `LONG_SEQUENCE` queries; halved
+#: beyond, where a `(seq, 256)` float32 block (8 MiB at seq 8192) is far larger than a CPU
+#: core's L2 cache. On a CPU core, head size 64, 1 head (GFLOP/s, as counted by
+#: `benchmarks/attention_speed.py`): training 146 (128) vs 151 (256) at seq 1024, 160 vs 159
+#: at 2048, 159 vs 152 (512: 143) at 4096, 149 vs 138 at 8192; the forward 163 vs 167 at
+#: 1024, 169 vs 168 (512: 174) at 2048, 171 vs 173 at 4096, 174 vs 167 at 8192. Blocks of
+#: 1024 keys were 10-60% slower.
 DEFAULT_BLOCK_SIZE = 256
+LONG_SEQUENCE = 4096
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
@@ -71,7 +79,7 @@ def select_implementation(
     to 128, and there is no mask (an explicit mask or the excluded diagonal): the fused kernel
     cannot reproduce this package's convention for rows with nothing to attend to. Otherwise
     it takes the blockwise path when the score matrices would hold more than `threshold`
-    entries (`entries = heads * seq * mem`; default `BLOCKWISE_THRESHOLD` $= 2^{18}$), and the
+    entries (`entries = heads * seq * mem`; default `BLOCKWISE_THRESHOLD` $= 2^{17}$), and the
     naive path below that: small problems, where both cost the same on a CPU and the plain
     program is the simpler one to compile and read.
 
@@ -798,8 +806,15 @@ def _fused(method: str, exclude_self: bool, block_size: int, ring: RingAxis | No
 # ---------------------------------------------------------------------------- public API
 
 
-def resolve_block_size(block_size: int | None) -> int:
-    return DEFAULT_BLOCK_SIZE if block_size is None else positive_int("block_size", block_size)
+def resolve_block_size(block_size: int | None) -> int | None:
+    """A checked `block_size`, or `None`: the default for the number of queries, which
+    `lse_rows` picks (`default_block_size`)."""
+    return None if block_size is None else positive_int("block_size", block_size)
+
+
+def default_block_size(seq: int) -> int:
+    """Keys per block for `seq` queries: `DEFAULT_BLOCK_SIZE`, halved above `LONG_SEQUENCE`."""
+    return DEFAULT_BLOCK_SIZE if seq <= LONG_SEQUENCE else DEFAULT_BLOCK_SIZE // 2
 
 
 def lse_rows(
@@ -809,11 +824,12 @@ def lse_rows(
     mask: Bool[Array, "seq mem"] | None,
     exclude_self: bool,
     method: str,
-    block_size: int,
+    block_size: int | None,
     ring: tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None = None,
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
-    over heads by the energies). `beta` must already be in the accumulation dtype.
+    over heads by the energies). `beta` must already be in the accumulation dtype;
+    `block_size=None` is `default_block_size` of the number of queries.
 
     With `ring = (mesh, axis)`, or when the keys arrive split along their sequence over an
     `Explicit` mesh axis (`jax.typeof(k).sharding`), the rows are computed context-parallel
@@ -823,6 +839,8 @@ def lse_rows(
         # rule of a fully masked row), not log(0) = -inf.
         return jnp.zeros((q.shape[0],), beta.dtype)
     ring = explicit_sequence_axis(k) if ring is None else ring
+    # The default is set by all the queries, on the ring too: the same blocks as one device.
+    block_size = default_block_size(q.shape[0]) if block_size is None else block_size
     if ring is not None:
         return ring_lse(q, k, beta, mask, exclude_self, block_size, *ring)
     if method == "naive":
@@ -897,8 +915,9 @@ def attention_logsumexp(
     - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`select_implementation`](#energyattn._energy._attention_lse.select_implementation).
       `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
-      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{18}$ score entries, naive below.
-    - `block_size`: keys per block of the blockwise path (default 256).
+      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{17}$ score entries, naive below.
+    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
+      queries).
 
     **Returns:**
 

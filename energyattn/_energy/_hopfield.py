@@ -50,7 +50,7 @@ def hopfield_energy(
     are accumulated in at least float32 (bfloat16 inputs work). A NaN in an unmasked entry gives
     a NaN energy; `descend` and the layers check for it.
 
-    Above $2^{18}$ score entries (seq x mem) the log-sum-exp is computed blockwise by
+    Above $2^{17}$ score entries (seq x mem) the log-sum-exp is computed blockwise by
     [`attention_logsumexp`][energyattn.attention_logsumexp]: same value and gradient, but the
     gradient (the attention update) never holds the `(seq, mem)` matrix, so it scales to long
     sequences; on NVIDIA GPUs with half-precision inputs it runs through cuDNN's fused
@@ -64,7 +64,8 @@ def hopfield_energy(
     - `mask`: optional boolean `(seq, mem)`; `True` where query $i$ may attend to memory $j$.
     - `implementation`: `"auto"`, `"naive"`, `"blockwise"` or `"cudnn"`, as in
       [`attention_logsumexp`][energyattn.attention_logsumexp].
-    - `block_size`: keys per block of the blockwise path (default 256).
+    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
+      queries).
 
     **Returns:**
 

@@ -60,11 +60,12 @@ def transformer_attention_energy(
     - `mask`: optional boolean `(seq, seq)`; `mask[C, B]` is `True` where token $C$ may attend
       to token $B$.
     - `include_self`: also sum over $B = C$ (the released ImageNet weights were trained so).
-    - `implementation`: `"auto"` (blockwise above $2^{18}$ score entries, heads x seq x seq),
+    - `implementation`: `"auto"` (blockwise above $2^{17}$ score entries, heads x seq x seq),
       `"naive"` or `"blockwise"`, as in
       [`attention_logsumexp`][energyattn.attention_logsumexp]: the blockwise path never holds
       a `(seq, seq)` matrix, and excludes the diagonal without building a mask.
-    - `block_size`: keys per block of the blockwise path (default 256).
+    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
+      queries).
 
     **Returns:**
 

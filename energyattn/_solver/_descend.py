@@ -10,13 +10,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float, PyTree
 
-from .._checks import check_finite, check_positive, error_if_nonfinite, positive_int
+from .._checks import check_finite, check_positive, error_if, error_if_nonfinite, positive_int
 from .._custom_types import Scalar, ScalarLike, State
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution
@@ -163,7 +162,7 @@ def descend(
         # Name the cause: a non-finite parameter or argument of the energy, or an energy
         # that is already NaN/inf at the (finite, checked) start, is not the step size's fault.
         start_ok = jnp.isfinite(energies[0])
-        x_final, energies, trajectory = eqx.error_if(
+        x_final, energies, trajectory = error_if(
             (x_final, energies, trajectory),
             ~finite & start_ok,
             "ea.descend: the descent diverged: the energy was finite at x0 and became NaN or "

@@ -126,7 +126,7 @@ class EnergyTransformer(eqx.Module):
     - `step_size`: $\alpha$ (default 0.1); `num_steps`: $T$ (default 12).
     - `eps`, `use_bias`: of the [`EnergyLayerNorm`][energyattn.nn.EnergyLayerNorm].
     - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"`
-      (blockwise above $2^{18}$ score entries, heads x seq x seq), `"naive"` or `"blockwise"`;
+      (blockwise above $2^{17}$ score entries, heads x seq x seq), `"naive"` or `"blockwise"`;
       see [`transformer_attention_energy`][energyattn.transformer_attention_energy].
     - `dtype`: parameter dtype; `key`: a JAX PRNG key for the initial weights
       ($W^Q, W^K, \xi$ drawn from $\mathcal N(0, 1/D)$, so scores start of order one).

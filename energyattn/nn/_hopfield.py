@@ -39,10 +39,11 @@ class HopfieldAttention(eqx.Module):
     - `step_size`: descent step $\alpha > 0$ (default 1).
     - `num_steps`: number of descent steps (default 1).
     - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; blockwise
-      above $2^{18}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
+      above $2^{17}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
       GPUs in half precision), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`attention_logsumexp`][energyattn.attention_logsumexp].
-    - `block_size`: keys per block of the blockwise path (default 256).
+    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
+      queries).
 
     ??? cite "Source"
 
