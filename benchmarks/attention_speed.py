@@ -8,6 +8,7 @@ the library's automatic choice of implementation (`auto`) and, for reference, ea
 `softmax(beta q k^T) k` written out (`hand`) and `jax.nn.dot_product_attention` with values =
 keys (`dpa`; XLA's implementation on a CPU). Forward = the attention output; training step =
 value and gradient of `sum(out ** 2)` with respect to queries and keys. head_dim 64, float32.
+Medians of interleaved repeats, each after an untimed call of the same function.
 
 Targets (same device, same run, seq 1024-4096): forward <= 1.05x and training <= 1.1x `hand`.
 
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     k,
                     repeats=repeats,
                     number=number,
+                    warm=True,
                 )
                 base = timing["hand"]["median_s"]
                 flops = FLOPS_PER_ENTRY[mode] * heads * seq * seq * HEAD_DIM
