@@ -29,11 +29,16 @@ from energyattn.models import (
 from energyattn.nn import AttractorAttention, normalise_tokens
 
 
-def _system(key, num_tokens=5, dim=3, scale=1.0):
-    k1, k2 = jr.split(key)
-    couplings = scale * jr.normal(k1, (num_tokens, num_tokens, dim, dim))
-    x = jr.normal(k2, (num_tokens, dim))
-    return couplings, x
+@pytest.fixture
+def rng():
+    """NumPy's generator for test data: no random-number program compiled per shape."""
+    return np.random.default_rng(0)
+
+
+def _system(rng, num_tokens=5, dim=3, scale=1.0):
+    couplings = scale * rng.standard_normal((num_tokens, num_tokens, dim, dim))
+    x = rng.standard_normal((num_tokens, dim))
+    return jnp.asarray(couplings), jnp.asarray(x)
 
 
 def _paper_update(x, couplings, lam):
@@ -54,8 +59,8 @@ def _paper_update(x, couplings, lam):
 
 
 @pytest.mark.parametrize("lam", [1.0, 5.0])
-def test_local_forces_equal_the_paper_attention_update(getkey, lam):
-    couplings, x = _system(getkey(), num_tokens=6, dim=4)
+def test_local_forces_equal_the_paper_attention_update(getkey, rng, lam):
+    couplings, x = _system(rng, num_tokens=6, dim=4)
     energy = ea.LocalAttentionEnergy(couplings, lam)
     forces = eqx.filter_jit(ea.local_forces)(energy.local, x)
     np.testing.assert_allclose(forces, _paper_update(x, couplings, lam), rtol=1e-12, atol=1e-13)
@@ -64,90 +69,97 @@ def test_local_forces_equal_the_paper_attention_update(getkey, lam):
         AttractorAttention(6, 4, lam=lam, key=getkey()),
         couplings,
     )
-    np.testing.assert_allclose(layer.forces(x), forces, rtol=1e-13, atol=1e-14)
+    layer_forces = eqx.filter_jit(AttractorAttention.forces)(layer, x)
+    np.testing.assert_allclose(layer_forces, forces, rtol=1e-13, atol=1e-14)
 
 
-def test_local_forces_differ_from_the_gradient_of_the_total(getkey):
+def test_local_forces_differ_from_the_gradient_of_the_total(rng):
     # Each token differentiates only its own energy: the field is not -grad of sum_i e_i
     # (which also moves x_i to lower the other tokens' energies).
-    couplings, x = _system(getkey())
+    couplings, x = _system(rng)
     local = eqx.filter_jit(ea.local_forces)(ea.LocalAttentionEnergy(couplings).local, x)
     total = -jax.jit(jax.grad(ea.pseudo_likelihood_energy))(x, couplings)
     assert np.max(np.abs(local - total)) > 1e-2
 
 
-def test_local_forces_of_a_user_energy(getkey):
+def test_local_forces_of_a_user_energy(rng):
     # A generic token-local energy, e_i = 1/2 |x_i - c * sum_{j != i} x_j|^2, whose own-token
     # derivative is known: -(x_i - c * sum_{j != i} x_j).
-    x = jr.normal(getkey(), (4, 3))
+    x = rng.standard_normal((4, 3))
 
     def e(x_i, ctx, i, c):
         field = c * (jnp.sum(ctx, axis=0) - ctx[i])
         return 0.5 * jnp.sum(jnp.square(x_i - field))
 
     c = 0.3
-    expected = -(x - c * (jnp.sum(x, axis=0) - x))
-    np.testing.assert_allclose(ea.local_forces(e, x, c), expected, rtol=1e-13)
+    expected = -(x - c * (np.sum(x, axis=0) - x))
+    forces = jax.jit(ea.local_forces, static_argnums=0)(e, jnp.asarray(x), c)
+    np.testing.assert_allclose(forces, expected, rtol=1e-13)
     with pytest.raises(ValueError, match="must return a scalar"):
         ea.local_forces(lambda x_i, ctx, i: x_i, x)
 
 
-def test_local_energy_closed_forms(getkey):
-    couplings, x = _system(getkey(), num_tokens=2, dim=3)
+def test_local_energy_closed_forms(rng):
+    # Compiled once per shape (lam is an argument), not op by op.
+    local_energies = jax.jit(ea.local_energies)
+    couplings, x = map(np.asarray, _system(rng, num_tokens=2, dim=3))
     # Two tokens: each sum has a single term, so e_i = -x_i J_ij x_j for any lambda.
-    energies = ea.local_energies(x, couplings, lam=3.0)
+    energies = local_energies(x, couplings, lam=3.0)
     np.testing.assert_allclose(energies[0], -x[0] @ couplings[0, 1] @ x[1], rtol=1e-13)
     np.testing.assert_allclose(energies[1], -x[1] @ couplings[1, 0] @ x[0], rtol=1e-13)
-    couplings, x = _system(getkey(), num_tokens=5, dim=3)
+    couplings, x = map(np.asarray, _system(rng, num_tokens=5, dim=3))
     scores = np.einsum("id,ijde,je->ij", x, couplings, x)
     for lam in (0.5, 1.0, 5.0):
         masked = np.where(np.eye(5, dtype=bool), -np.inf, lam * scores)
         high = masked.max(axis=1)
         expected = -(high + np.log(np.exp(masked - high[:, None]).sum(axis=1))) / lam
-        np.testing.assert_allclose(ea.local_energies(x, couplings, lam=lam), expected, rtol=1e-12)
+        np.testing.assert_allclose(local_energies(x, couplings, lam=lam), expected, rtol=1e-12)
         np.testing.assert_allclose(
-            ea.pseudo_likelihood_energy(x, couplings, lam=lam), expected.sum(), rtol=1e-12
+            jax.jit(ea.pseudo_likelihood_energy)(x, couplings, lam=lam),
+            expected.sum(),
+            rtol=1e-12,
         )
     # Large lambda: the log-sum-exp tends to the best score.
-    big = ea.local_energies(x, couplings, lam=1e4)
+    big = local_energies(x, couplings, lam=1e4)
     np.testing.assert_allclose(
         big, -np.where(np.eye(5, dtype=bool), -np.inf, scores).max(1), atol=1e-3
     )
 
 
-def test_diagonal_blocks_never_matter(getkey):
-    couplings, x = _system(getkey())
-    poisoned = couplings.at[jnp.arange(5), jnp.arange(5)].set(jnp.nan)
-    clean = couplings.at[jnp.arange(5), jnp.arange(5)].set(0.0)
+def test_diagonal_blocks_never_matter(rng):
+    couplings, x = _system(rng)
+    diagonal = (np.arange(5), np.arange(5))
+    poisoned, clean = np.array(couplings), np.array(couplings)
+    poisoned[diagonal], clean[diagonal] = np.nan, 0.0
+    # Each compiled once (the same program for every J), not op by op.
+    energies = jax.jit(ea.local_energies)
+    forces = eqx.filter_jit(lambda c, x: ea.local_forces(ea.LocalAttentionEnergy(c).local, x))
     for c in (poisoned, couplings):
-        np.testing.assert_allclose(ea.local_energies(x, c), ea.local_energies(x, clean), rtol=0)
-        np.testing.assert_allclose(
-            ea.local_forces(ea.LocalAttentionEnergy(c).local, x),
-            ea.local_forces(ea.LocalAttentionEnergy(clean).local, x),
-            rtol=0,
-        )
-    grads = jax.grad(ea.pseudo_likelihood_energy, argnums=(0, 1))(x, poisoned)
-    assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+        np.testing.assert_allclose(energies(x, c), energies(x, clean), rtol=0)
+        np.testing.assert_allclose(forces(c, x), forces(clean, x), rtol=0)
+    grads = jax.jit(jax.grad(ea.pseudo_likelihood_energy, argnums=(0, 1)))(x, poisoned)
+    assert all(np.all(np.isfinite(g)) for g in grads)
 
 
-def test_project_couplings(getkey):
-    couplings, _ = _system(getkey(), num_tokens=4, dim=3)
+def test_project_couplings(rng):
+    couplings, _ = _system(rng, num_tokens=4, dim=3)
+    project = jax.jit(ea.project_couplings, static_argnames="scope")
     for scope in ("tensor", "block"):
-        projected = ea.project_couplings(couplings, 0.7, scope=scope)
-        diag = projected[jnp.arange(4), jnp.arange(4)]
-        assert float(jnp.max(jnp.abs(diag))) == 0.0
-        block_norms = jnp.sqrt(jnp.sum(projected**2, axis=(2, 3)))
+        projected = np.asarray(project(couplings, 0.7, scope=scope))
+        diag = projected[np.arange(4), np.arange(4)]
+        assert float(np.max(np.abs(diag))) == 0.0
+        block_norms = np.sqrt(np.sum(projected**2, axis=(2, 3)))
         off = ~np.eye(4, dtype=bool)
-        np.testing.assert_allclose(jnp.sqrt(jnp.mean(block_norms[off] ** 2)), 0.7, rtol=1e-12)
+        np.testing.assert_allclose(np.sqrt(np.mean(block_norms[off] ** 2)), 0.7, rtol=1e-12)
         if scope == "block":
             np.testing.assert_allclose(block_norms[off], 0.7, rtol=1e-12)
         # Idempotent, and it keeps the direction.
-        np.testing.assert_allclose(ea.project_couplings(projected, 0.7, scope=scope), projected)
-    np.testing.assert_array_equal(ea.project_couplings(jnp.zeros((3, 3, 2, 2)), 1.0), 0.0)
+        np.testing.assert_allclose(project(projected, 0.7, scope=scope), projected)
+    np.testing.assert_array_equal(project(np.zeros((3, 3, 2, 2)), 1.0), 0.0)
 
 
-def test_bad_shapes_raise(getkey, user_mode):
-    couplings, x = _system(getkey(), num_tokens=5, dim=3)
+def test_bad_shapes_raise(getkey, rng, user_mode):
+    couplings, x = _system(rng, num_tokens=5, dim=3)
     with pytest.raises(ValueError, match=r"x must have shape \(N=5, d=3\), got \(4, 3\)"):
         ea.local_energies(x[:4], couplings)
     with pytest.raises(ValueError, match=r"x must have shape \(N=5, d=3\), got \(5, 2\)"):
@@ -174,7 +186,7 @@ def test_bad_shapes_raise(getkey, user_mode):
 # --- the layer ---------------------------------------------------------------------------
 
 
-def test_dynamics_is_eq1_then_normalisation(getkey):
+def test_dynamics_is_eq1_then_normalisation(getkey, rng):
     key = getkey()
 
     def make(normalisation):
@@ -183,7 +195,7 @@ def test_dynamics_is_eq1_then_normalisation(getkey):
         )
 
     layer = make("sphere")
-    x = normalise_tokens(jr.normal(getkey(), (5, 3)), "sphere")
+    x = normalise_tokens(jnp.asarray(rng.standard_normal((5, 3))), "sphere")
     trajectory = layer(x)
     assert trajectory.shape == (5, 5, 3)
     np.testing.assert_array_equal(trajectory[0], x)
@@ -193,18 +205,20 @@ def test_dynamics_is_eq1_then_normalisation(getkey):
         state = update / np.linalg.norm(update, axis=1, keepdims=True)
         np.testing.assert_allclose(trajectory[t], state, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(np.linalg.norm(trajectory[1:], axis=-1), 1.0, rtol=1e-12)
-    # Other normalisations.
-    y = make("layer").step(x)
-    np.testing.assert_allclose(jnp.mean(y, axis=-1), 0.0, atol=1e-12)
-    np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), 1.0, rtol=1e-12)
-    np.testing.assert_allclose(make("none").step(x), layer.forces(x) + 0.7 * x, rtol=1e-13)
+    # Other normalisations (one step each, compiled whole rather than op by op).
+    step = eqx.filter_jit(AttractorAttention.step)
+    y = np.asarray(step(make("layer"), x))
+    np.testing.assert_allclose(np.mean(y, axis=-1), 0.0, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), 1.0, rtol=1e-12)
+    forces = eqx.filter_jit(AttractorAttention.forces)(layer, x)
+    np.testing.assert_allclose(step(make("none"), x), forces + 0.7 * np.asarray(x), rtol=1e-13)
     # A zero token stays finite (it is what masking produces).
     assert bool(jnp.all(jnp.isfinite(normalise_tokens(jnp.zeros((2, 3)), "sphere"))))
 
 
-def test_layer_jit_vmap_grad(getkey):
+def test_layer_jit_vmap_grad(getkey, rng):
     layer = AttractorAttention(4, 3, num_steps=3, key=getkey())
-    xs = jr.normal(getkey(), (2, 4, 3))
+    xs = jnp.asarray(rng.standard_normal((2, 4, 3)))
     eager = jax.vmap(layer)(xs)
     jitted = eqx.filter_jit(jax.vmap(layer))(xs)
     np.testing.assert_allclose(jitted, eager, rtol=1e-12)
@@ -213,14 +227,15 @@ def test_layer_jit_vmap_grad(getkey):
         return jnp.sum(model(x)[-1] ** 2 * jnp.arange(3.0))
 
     grads = eqx.filter_jit(eqx.filter_grad(loss))(layer, xs[0])
-    direction = jr.normal(getkey(), layer.couplings.shape)
+    direction = rng.standard_normal(layer.couplings.shape)
     eps = 1e-6
     shifted = [
         eqx.tree_at(lambda m: m.couplings, layer, layer.couplings + s * eps * direction)
         for s in (1, -1)
     ]
-    fd = (loss(shifted[0], xs[0]) - loss(shifted[1], xs[0])) / (2 * eps)
-    np.testing.assert_allclose(jnp.sum(grads.couplings * direction), fd, rtol=1e-6)
+    jit_loss = eqx.filter_jit(loss)  # one program for both evaluations
+    fd = (jit_loss(shifted[0], xs[0]) - jit_loss(shifted[1], xs[0])) / (2 * eps)
+    np.testing.assert_allclose(np.sum(grads.couplings * direction), fd, rtol=1e-6)
     # The pseudo-likelihood energy has a gradient in J (what training uses).
     g = jax.jit(jax.grad(lambda c: ea.pseudo_likelihood_energy(xs[0], c, lam=5.0)))(layer.couplings)
     assert g.shape == layer.couplings.shape and bool(jnp.all(jnp.isfinite(g)))
@@ -231,37 +246,40 @@ def test_layer_jit_vmap_grad(getkey):
 
 @pytest.mark.parametrize("patch_size", [2, 4])
 def test_spin_embedding_is_exactly_invertible(getkey, patch_size):
-    images = jnp.asarray(load_digits("test").images[:5])[:, None]
+    images = load_digits("test").images[:5, None]
     embedding = SpinPatchEmbedding((1, 8, 8), patch_size, 40, key=getkey())
     a = patch_size**2
     assert embedding.num_tokens == (8 // patch_size) ** 2 and embedding.patch_dim == a
-    np.testing.assert_allclose(
-        embedding.embedding.T @ embedding.embedding, np.eye(2 * a), atol=1e-12
-    )
-    tokens = jax.vmap(embedding.encode)(images)
+    matrix = np.asarray(embedding.embedding)
+    np.testing.assert_allclose(matrix.T @ matrix, np.eye(2 * a), atol=1e-12)
+    # Compiled whole, not op by op.
+    encode = eqx.filter_jit(lambda embedding, images: jax.vmap(embedding.encode)(images))
+    decode = eqx.filter_jit(lambda embedding, tokens: jax.vmap(embedding.decode)(tokens))
+    tokens = np.asarray(encode(embedding, images))
     assert tokens.shape == (5, embedding.num_tokens, 40)
-    np.testing.assert_allclose(jnp.linalg.norm(tokens, axis=-1), 1.0, rtol=1e-12)
-    np.testing.assert_allclose(jax.vmap(embedding.decode)(tokens), images, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(tokens, axis=-1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(decode(embedding, tokens), images, atol=1e-12)
     # Patch k of the image is the pixels of token k: changing one pixel moves one token.
-    changed = images[0].at[0, 0, 0].set(1.0 - images[0, 0, 0, 0])
-    moved = jnp.any(jnp.abs(embedding.encode(changed) - tokens[0]) > 0, axis=1)
+    changed = images[:1].copy()
+    changed[0, 0, 0, 0] = 1.0 - images[0, 0, 0, 0]
+    moved = np.any(np.abs(encode(embedding, changed)[0] - tokens[0]) > 0, axis=1)
     assert moved.tolist() == [True] + [False] * (embedding.num_tokens - 1)
 
 
-def test_pixel_spins(getkey):
-    p = jnp.linspace(0, 1, 11)
-    u = pixels_to_spins(p)
+def test_pixel_spins(rng):
+    to_pixels = jax.jit(spins_to_pixels)  # one program per shape, not op by op
+    p = np.linspace(0, 1, 11)
+    u = np.asarray(jax.jit(pixels_to_spins)(p))
     np.testing.assert_allclose(u[0], [0, 1])
     np.testing.assert_allclose(u[-1], [1, 0])
     np.testing.assert_allclose(np.linalg.norm(u, axis=-1), 1.0, rtol=1e-14)
-    np.testing.assert_allclose(spins_to_pixels(u), p, atol=1e-14)
-    np.testing.assert_allclose(spins_to_pixels(3.0 * u), p, atol=1e-14)  # length is ignored
+    np.testing.assert_allclose(to_pixels(u), p, atol=1e-14)
+    np.testing.assert_allclose(to_pixels(3.0 * u), p, atol=1e-14)  # length is ignored
     # Any vector decodes into [0, 1], through the nearest end of the arc.
-    v = jr.normal(getkey(), (1000, 2))
-    decoded = spins_to_pixels(v)
-    assert float(decoded.min()) >= 0.0 and float(decoded.max()) <= 1.0
+    decoded = np.asarray(to_pixels(rng.standard_normal((1000, 2))))
+    assert decoded.min() >= 0.0 and decoded.max() <= 1.0
     np.testing.assert_allclose(
-        spins_to_pixels(jnp.array([[-1.0, 0.1], [0.1, -1.0]])), [0.0, 1.0], atol=1e-15
+        to_pixels(np.array([[-1.0, 0.1], [0.1, -1.0]])), [0.0, 1.0], atol=1e-15
     )
 
 
@@ -293,22 +311,24 @@ def test_bad_images_raise(getkey, user_mode):
         )
 
 
-def test_corruptions(getkey, user_mode):
-    image = jnp.asarray(load_digits("test").images[0])[None]
-    corrupted, mask = corrupt_image(image, "masked", patch_size=2, key=getkey())
+def test_corruptions(getkey, rng, user_mode):
+    image = load_digits("test").images[0][None]
+    # Compiled whole, not op by op.
+    corrupt = jax.jit(corrupt_image, static_argnames=("task", "patch_size"))
+    corrupted, mask = map(np.asarray, corrupt(image, "masked", patch_size=2, key=getkey()))
     assert int(mask.sum()) == 5  # round(0.3 * 16)
-    patches = ea.data.patchify(corrupted, 2)
+    patches = np.asarray(ea.data.patchify(corrupted, 2))
     np.testing.assert_array_equal(patches[mask], 0.0)
     np.testing.assert_array_equal(patches[~mask], ea.data.patchify(image, 2)[~mask])
-    noisy, mask = corrupt_image(image, "denoise", patch_size=2, key=getkey())
-    assert not bool(mask.any()) and float(noisy.min()) >= 0 and float(noisy.max()) <= 1
+    noisy, mask = map(np.asarray, corrupt(image, "denoise", patch_size=2, key=getkey()))
+    assert not mask.any() and noisy.min() >= 0 and noisy.max() <= 1
     # Before the clip, the rescaled noisy image has the clean image's mean and variance.
-    mid = 0.5 + 0.1 * jr.uniform(getkey(), (1, 8, 8), minval=-1, maxval=1)
-    rescaled = add_rescaled_noise(mid, 0.01, key=getkey())
-    assert float(rescaled.min()) > 0 and float(rescaled.max()) < 1  # nothing clipped
-    np.testing.assert_allclose(jnp.mean(rescaled), jnp.mean(mid), rtol=1e-12)
-    np.testing.assert_allclose(jnp.std(rescaled), jnp.std(mid), rtol=1e-12)
-    assert float(jnp.max(jnp.abs(rescaled - mid))) > 1e-3
+    mid = 0.5 + 0.1 * rng.uniform(-1, 1, (1, 8, 8))
+    rescaled = np.asarray(jax.jit(add_rescaled_noise)(mid, 0.01, key=getkey()))
+    assert rescaled.min() > 0 and rescaled.max() < 1  # nothing clipped
+    np.testing.assert_allclose(np.mean(rescaled), np.mean(mid), rtol=1e-12)
+    np.testing.assert_allclose(np.std(rescaled), np.std(mid), rtol=1e-12)
+    assert np.max(np.abs(rescaled - mid)) > 1e-3
     with pytest.raises(ValueError, match="task must be"):
         corrupt_image(image, "inpaint", patch_size=2, key=getkey())
 
@@ -422,6 +442,7 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
     from energyattn._cli import main
 
     base = ["attractor", "--train-steps", "3", "--iterations", "3", "--no-progress"]
+    base += ["--patch-size", "4"]  # 4 tokens compile faster (the next test runs the default, 2)
     # Denoising with both baselines (masked prediction without them: the next test).
     runs = {"denoise": ["--tasks", "denoise", "--baseline-steps", "2"]}
     for task, extra in runs.items():
@@ -498,9 +519,11 @@ def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
     # Masked prediction's fills the masked patches with the mean training pixels there: on
     # the masked patches its error is that of the mean image, elsewhere zero.
     key = jr.PRNGKey(100)  # the demo's evaluation key for seed 0
-    masks = jax.vmap(
-        lambda image, i: corrupt_image(image, "masked", patch_size=2, key=jr.fold_in(key, i))[1]
-    )(jnp.asarray(test), jnp.arange(len(test)))
+    masks = jax.jit(
+        jax.vmap(
+            lambda image, i: corrupt_image(image, "masked", patch_size=2, key=jr.fold_in(key, i))[1]
+        )
+    )(test, np.arange(len(test)))
     pixel_masks = np.asarray(masks).reshape(-1, 4, 4)
     pixel_masks = np.repeat(np.repeat(pixel_masks, 2, axis=1), 2, axis=2)[:, None]
     errors = (test - mean) ** 2 * pixel_masks

@@ -22,12 +22,14 @@ def test_default_model_is_small_and_maps_images_to_logits(getkey):
     model = ea.models.MeanFieldClassifier(key=getkey())
     assert _num_params(model) < 30_000
     assert model.attention.num_spins == 5  # CLS + a 2x2 grid of 4x4 patches
-    image = jr.uniform(getkey(), (1, 8, 8))
-    assert eqx.filter_jit(model)(image).shape == (10,)
-    sites = model.sites(image)
+    image = np.random.default_rng(0).uniform(size=(1, 8, 8))
+    # The logits, the sites and the solver's solution in one compiled program.
+    logits, sites, solution = eqx.filter_jit(lambda m, x: (m(x), m.sites(x), m.solve(x)))(
+        model, image
+    )
+    assert logits.shape == (10,)
     assert sites.shape == (5, 24)
     np.testing.assert_array_equal(sites[0], model.cls_token)
-    solution = eqx.filter_jit(model.solve)(image)
     assert solution.converged
 
 

@@ -1,5 +1,7 @@
 """The log-sum-exp (modern continuous Hopfield) energy and its identity with softmax attention."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -44,9 +46,11 @@ def test_bare_cross_attention_is_one_descent_step_float64(getkey):
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
     # jax.nn.dot_product_attention as a second baseline. It always takes its softmax in float32
     # (see its source), so it agrees only to float32 precision even on float64 inputs.
-    dpa = jax.nn.dot_product_attention(q[:, None, :], m[:, None, :], m[:, None, :], scale=beta)[
-        :, 0
-    ]
+    dpa = jax.jit(
+        lambda q, m: jax.nn.dot_product_attention(
+            q[:, None, :], m[:, None, :], m[:, None, :], scale=beta
+        )[:, 0]
+    )(q, m)
     np.testing.assert_allclose(out, dpa, rtol=0, atol=1e-6)
 
 
@@ -55,7 +59,7 @@ def test_gradient_is_query_minus_attention(getkey):
     q = jr.normal(getkey(), (5, 7))
     m = jr.normal(getkey(), (9, 7))
     beta = 1.7
-    grad = jax.grad(ea.hopfield_energy)(q, m, beta=beta)
+    grad = jax.jit(jax.grad(lambda q, m: ea.hopfield_energy(q, m, beta=beta)))(q, m)
     expected = np.asarray(q) - softmax_attention(np.asarray(q), np.asarray(m), np.asarray(m), beta)
     np.testing.assert_allclose(grad, expected, rtol=0, atol=1e-13)
 
@@ -67,7 +71,8 @@ def test_energy_value_matches_formula(getkey):
     scores = beta * np.asarray(q) @ np.asarray(m).T
     lse = np.log(np.exp(scores).sum(axis=-1))
     expected = 0.5 * np.sum(np.asarray(q) ** 2) - lse.sum() / beta
-    np.testing.assert_allclose(ea.hopfield_energy(q, m, beta=beta), expected, rtol=1e-14)
+    value = jax.jit(lambda q, m: ea.hopfield_energy(q, m, beta=beta))(q, m)
+    np.testing.assert_allclose(value, expected, rtol=1e-14)
 
 
 def test_bare_self_attention_with_context_held_fixed(getkey):
@@ -88,16 +93,23 @@ def test_self_attention_footnote_both_arguments_differ(getkey):
     itself.
     """
     beta_scale = 1.0
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def attention_and_gradients(x, beta):
+        p = jax.nn.softmax(beta * x @ x.T, axis=-1)
+        fixed = jax.grad(ea.hopfield_energy, argnums=0)(x, x, beta=beta)
+        full = jax.grad(lambda y: ea.hopfield_energy(y, y, beta=beta))(x)
+        return p, fixed, full
+
     for dim, factor_two_holds in [(2, False), (512, True)]:
         x = jr.normal(getkey(), (SEQ, dim))
         beta = beta_scale * dim**-0.5
-        p = jax.nn.softmax(beta * x @ x.T, axis=-1)
-        fixed = jax.grad(ea.hopfield_energy, argnums=0)(x, x, beta=beta)
-        full = jax.grad(lambda y, beta=beta: ea.hopfield_energy(y, y, beta=beta))(x)
+        p, fixed, full = attention_and_gradients(x, beta)
+        x, p = np.asarray(x), np.asarray(p)
         np.testing.assert_allclose(fixed, x - p @ x, atol=1e-12)
         np.testing.assert_allclose(full, x - p @ x - p.T @ x, atol=1e-12)
         full_step = x - full
-        softmax = softmax_attention(np.asarray(x), np.asarray(x), np.asarray(x), beta)
+        softmax = softmax_attention(x, x, x, beta)
         assert not np.allclose(full_step, softmax, atol=1e-3)  # the two updates differ
         # Potential part of the gradient: exactly twice the fixed-context one iff P^T x = P x.
         ratio_error = np.linalg.norm((x - full) - 2 * (x - fixed)) / np.linalg.norm(x - fixed)
@@ -105,68 +117,80 @@ def test_self_attention_footnote_both_arguments_differ(getkey):
 
 
 def test_mask_drops_entries_exactly(getkey):
-    q = jr.normal(getkey(), (4, 5))
-    m = jr.normal(getkey(), (7, 5))
-    mask = jr.bernoulli(getkey(), 0.5, (4, 7)).at[:, 0].set(True)
+    q = np.asarray(jr.normal(getkey(), (4, 5)))
+    m = np.asarray(jr.normal(getkey(), (7, 5)))
+    mask = np.array(jr.bernoulli(getkey(), 0.5, (4, 7)))
+    mask[:, 0] = True
     beta = 1.3
-    energy = ea.hopfield_energy(q, m, beta=beta, mask=mask)
+    energy = jax.jit(lambda q, m, mask: ea.hopfield_energy(q, m, beta=beta, mask=mask))(q, m, mask)
     # Reference: each row's log-sum-exp over its own subset of memories only.
     expected = 0.0
     for i in range(4):
-        subset = np.asarray(m)[np.asarray(mask[i])]
-        expected += 0.5 * np.sum(np.asarray(q[i]) ** 2)
-        expected -= np.log(np.sum(np.exp(beta * subset @ np.asarray(q[i])))) / beta
+        subset = m[mask[i]]
+        expected += 0.5 * np.sum(q[i] ** 2)
+        expected -= np.log(np.sum(np.exp(beta * subset @ q[i]))) / beta
     np.testing.assert_allclose(energy, expected, rtol=1e-14)
     out = one_step(q, m, beta, mask=mask)
-    np.testing.assert_allclose(
-        out,
-        softmax_attention(np.asarray(q), np.asarray(m), np.asarray(m), beta, np.asarray(mask)),
-        atol=1e-13,
-    )
+    np.testing.assert_allclose(out, softmax_attention(q, m, m, beta, mask), atol=1e-13)
 
 
 def test_masked_memories_cannot_leak(getkey):
     """Values hidden behind the mask (even inf/NaN, even huge) change neither energy nor force."""
     q = jr.normal(getkey(), (3, 4))
-    m = jr.normal(getkey(), (5, 4))
-    mask = jnp.ones((3, 5), bool).at[:, 3].set(False)
-    poisoned = m.at[3].set(jnp.array([jnp.nan, jnp.inf, -jnp.inf, 1e300]))
-    e_clean, g_clean = jax.value_and_grad(ea.hopfield_energy)(q, m, mask=mask)
-    e_poison, (g_q, g_m) = jax.value_and_grad(ea.hopfield_energy, argnums=(0, 1))(
-        q, poisoned, mask=mask
+    m = np.asarray(jr.normal(getkey(), (5, 4)))
+    mask = np.ones((3, 5), bool)
+    mask[:, 3] = False
+    poisoned = m.copy()
+    poisoned[3] = [np.nan, np.inf, -np.inf, 1e300]
+
+    @jax.jit
+    def run(q, m, poisoned, removed, mask):
+        clean = jax.value_and_grad(ea.hopfield_energy)(q, m, mask=mask)
+        poison = jax.value_and_grad(ea.hopfield_energy, argnums=(0, 1))(q, poisoned, mask=mask)
+        return clean, poison, ea.hopfield_energy(q, removed)
+
+    (e_clean, g_clean), (e_poison, (g_q, g_m)), e_removed = jax.device_get(
+        run(q, m, poisoned, np.delete(m, 3, axis=0), mask)
     )
     np.testing.assert_allclose(e_poison, e_clean, rtol=1e-15)
     np.testing.assert_allclose(g_q, g_clean, rtol=1e-15)
     assert np.all(g_m[3] == 0)
     # Removing the masked memory altogether gives the same energy.
-    np.testing.assert_allclose(ea.hopfield_energy(q, jnp.delete(m, 3, axis=0)), e_clean, rtol=1e-14)
+    np.testing.assert_allclose(e_removed, e_clean, rtol=1e-14)
 
 
 def test_fully_masked_row_is_finite_with_zero_force(getkey):
-    q = jr.normal(getkey(), (3, 4))
+    q = np.asarray(jr.normal(getkey(), (3, 4)))
     m = jr.normal(getkey(), (5, 4))
-    mask = jnp.ones((3, 5), bool).at[1].set(False)
-    energy, (grad_q, grad_m) = jax.jit(jax.value_and_grad(ea.hopfield_energy, argnums=(0, 1)))(
-        q, m, mask=mask
-    )
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+
+    @jax.jit
+    def run(q, m, mask):
+        energy, grads = jax.value_and_grad(ea.hopfield_energy, argnums=(0, 1))(q, m, mask=mask)
+        rest = ea.hopfield_energy(q[np.array([0, 2])], m, mask=mask[np.array([0, 2])])
+        hess = jax.hessian(lambda x: ea.hopfield_energy(x, m, mask=mask))(q)
+        return energy, grads, one_step(q, m, 1.0, mask=mask), rest, hess
+
+    energy, (grad_q, grad_m), step, rest, hess = jax.device_get(run(q, m, mask))
     assert np.isfinite(energy) and np.all(np.isfinite(grad_q)) and np.all(np.isfinite(grad_m))
     # Row 1 only feels its quadratic term: gradient q_1, attention force 0.
     np.testing.assert_allclose(grad_q[1], q[1], rtol=1e-15)
-    np.testing.assert_allclose(one_step(q, m, 1.0, mask=mask)[1], 0.0, atol=0)
+    np.testing.assert_allclose(step[1], 0.0, atol=0)
     # Its energy is the quadratic term alone; the other rows are unaffected.
-    rest = ea.hopfield_energy(q[jnp.array([0, 2])], m, mask=mask[jnp.array([0, 2])])
     # (absolute tolerance: the total is a small difference of O(1) terms)
-    np.testing.assert_allclose(energy, rest + 0.5 * jnp.sum(q[1] ** 2), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(energy, rest + 0.5 * np.sum(q[1] ** 2), rtol=0, atol=1e-13)
     # Second derivatives are finite too (training through a masked update).
-    hess = jax.jit(jax.hessian(lambda x: ea.hopfield_energy(x, m, mask=mask)))(q)
     assert np.all(np.isfinite(hess))
 
 
 def test_extreme_scores_are_stable(getkey):
     """Log-sum-exp is shifted: scores of order 1e4 neither overflow nor underflow."""
-    q = 100.0 * jr.normal(getkey(), (3, 4))
-    m = 100.0 * jr.normal(getkey(), (6, 4))
-    energy, grad = jax.value_and_grad(ea.hopfield_energy)(q, m, beta=1.0)
+    q = 100.0 * np.asarray(jr.normal(getkey(), (3, 4)))
+    m = 100.0 * np.asarray(jr.normal(getkey(), (6, 4)))
+    energy, grad = jax.jit(jax.value_and_grad(lambda q, m: ea.hopfield_energy(q, m, beta=1.0)))(
+        q, m
+    )
     assert np.isfinite(energy) and np.all(np.isfinite(grad))
     # At such low temperature the update snaps to the best-matching memory.
     best = np.asarray(m)[np.argmax(np.asarray(q) @ np.asarray(m).T, axis=1)]
@@ -178,17 +202,24 @@ def test_modern_hopfield_update_is_descent(getkey):
 
     Iterated, it retrieves a stored pattern.
     """
-    patterns = jnp.sign(jr.normal(getkey(), (20, 64)))  # 20 random +-1 patterns, d = 64
+    patterns = np.sign(jr.normal(getkey(), (20, 64)))  # 20 random +-1 patterns, d = 64
     beta = 0.5
-    probe = patterns[7].at[:12].multiply(-1)  # 12 of 64 components flipped
-    xi = probe
-    for _ in range(3):
-        xi = patterns.T @ jax.nn.softmax(beta * patterns @ xi)
-    descent = ea.descend(
-        ea.HopfieldEnergy(patterns, beta=beta), probe[None], step_size=1.0, num_steps=3
-    )
-    np.testing.assert_allclose(descent.value[0], xi, atol=1e-12)
-    np.testing.assert_allclose(descent.value[0], patterns[7], atol=1e-6)  # retrieved
+    probe = patterns[7].copy()
+    probe[:12] *= -1  # 12 of 64 components flipped
+
+    @jax.jit
+    def run(patterns, probe):
+        xi = probe
+        for _ in range(3):
+            xi = patterns.T @ jax.nn.softmax(beta * patterns @ xi)
+        descent = ea.descend(
+            ea.HopfieldEnergy(patterns, beta=beta), probe[None], step_size=1.0, num_steps=3
+        )
+        return descent.value[0], xi
+
+    retrieved, xi = run(patterns, probe)
+    np.testing.assert_allclose(retrieved, xi, atol=1e-12)
+    np.testing.assert_allclose(retrieved, patterns[7], atol=1e-6)  # retrieved
 
 
 def test_unit_step_never_increases_energy(getkey):
@@ -208,29 +239,31 @@ def test_small_steps_never_increase_energy(getkey):
     mask = jr.bernoulli(getkey(), 0.7, (4, 10))
     for step in [1e-3, 0.1, 0.5]:
         q = jr.normal(getkey(), (4, 3))
-        energies = descend_energies(ea.HopfieldEnergy(m, beta=2.0, mask=mask), q, step, 40)
+        energy = ea.HopfieldEnergy(m, beta=2.0, mask=mask)
+        # The step size as an array: one compiled program serves all three.
+        energies = descend_energies(energy, q, np.asarray(step), 40)
         assert np.all(np.diff(energies) <= 1e-12 * np.abs(energies).max()), step
         assert energies[-1] < energies[0]
 
 
 def test_bad_input(user_mode):
-    q = jnp.ones((5, 16))
+    q = np.ones((5, 16))
     message = r"query has dimension 16 but the patterns of memory have dimension 8"
     with pytest.raises(ValueError, match=message):
-        ea.hopfield_energy(q, jnp.ones((32, 8)))
+        ea.hopfield_energy(q, np.ones((32, 8)))
     with pytest.raises(ValueError, match=r"query must have shape \(seq, dim\), got \(16,\)"):
-        ea.hopfield_energy(jnp.ones(16), jnp.ones((32, 16)))
+        ea.hopfield_energy(np.ones(16), np.ones((32, 16)))
     with pytest.raises(ValueError, match=r"mask must have shape \(seq=5, mem=32\), got \(32, 5\)"):
-        ea.hopfield_energy(q, jnp.ones((32, 16)), mask=jnp.ones((32, 5), bool))
+        ea.hopfield_energy(q, np.ones((32, 16)), mask=np.ones((32, 5), bool))
     with pytest.raises(ValueError, match="mask must be boolean"):
-        ea.hopfield_energy(q, jnp.ones((32, 16)), mask=jnp.ones((5, 32)))
+        ea.hopfield_energy(q, np.ones((32, 16)), mask=np.ones((5, 32)))
     for beta in [0.0, -1.0, float("nan")]:
         with pytest.raises(ValueError, match="beta must be > 0"):
-            ea.hopfield_energy(q, jnp.ones((32, 16)), beta=beta)
+            ea.hopfield_energy(q, np.ones((32, 16)), beta=beta)
     with pytest.raises(ValueError, match="beta must be a scalar"):
-        ea.HopfieldEnergy(jnp.ones((3, 16)), beta=jnp.ones(2))
+        ea.HopfieldEnergy(np.ones((3, 16)), beta=np.ones(2))
     with pytest.raises(ValueError, match=r"mask must have shape \(seq, mem=3\), got \(5, 4\)"):
-        ea.HopfieldEnergy(jnp.ones((3, 16)), mask=jnp.ones((5, 4), bool))
+        ea.HopfieldEnergy(np.ones((3, 16)), mask=np.ones((5, 4), bool))
 
 
 def test_traced_nonpositive_beta_is_a_runtime_error():

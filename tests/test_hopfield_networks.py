@@ -12,8 +12,13 @@ an explicit loop), never pasted from a run of the code under test.
 Run time is dominated by XLA compiling `sign_descend`'s nested scans (seconds per program on
 a small CPU), so the sign-dynamics tests share a few jitted programs: `_async` / `_sync` run
 NUM_SWEEPS sweeps from a (NUM_STARTS, DIM) batch of states, and every test that can uses
-energies of the same types and shapes (classical with or without bias, x^3, exp).
+energies of the same types and shapes (classical with or without bias, x^3, exp). The
+exponential memory of 1000 patterns is the exception: its sweeps (every unit's update
+evaluates the energy, 1000 overlaps) run for seconds, so the tests that run it are marked
+`optimised_xla`.
 """
+
+import functools
 
 import equinox as eqx
 import jax
@@ -85,12 +90,14 @@ def test_hebbian_weights_is_sum_of_outer_products(getkey):
     expected = np.zeros((11, 11))
     for mu in range(6):
         expected += np.outer(x[mu], x[mu])
-    full = ea.hebbian_weights(jnp.asarray(x), zero_diagonal=False)
+    # with and without the diagonal (the default zeroes it), in one program
+    full, zeroed = jax.jit(
+        lambda x: (ea.hebbian_weights(x, zero_diagonal=False), ea.hebbian_weights(x))
+    )(x)
     np.testing.assert_array_equal(np.asarray(full), expected)
     # +-1 patterns: the diagonal of the full sum is the number of patterns.
     np.testing.assert_array_equal(np.diag(np.asarray(full)), np.full(11, 6.0))
 
-    zeroed = ea.hebbian_weights(jnp.asarray(x))  # the default zeroes the diagonal
     expected_zeroed = expected.copy()
     np.fill_diagonal(expected_zeroed, 0.0)
     np.testing.assert_array_equal(np.asarray(zeroed), expected_zeroed)
@@ -125,7 +132,7 @@ def test_synchronous_sweeps_are_seed_sign_rule(getkey):
     w = ea.hebbian_weights(x)
     b = _half_integer_bias(getkey())
     starts = _patterns(getkey(), NUM_STARTS)
-    out = _sync(ea.ClassicalHopfieldEnergy(w, b), starts)
+    out = jax.device_get(_sync(ea.ClassicalHopfieldEnergy(w, b), starts))
 
     wn, bn = np.asarray(w), np.asarray(b)
     states = [np.asarray(starts)]
@@ -241,7 +248,9 @@ def test_sign_rule_for_dense_memory_is_krotov_hopfield_update(getkey):
     """
     x = np.asarray(_patterns(getkey(), DIM))
     starts = _patterns(getkey(), NUM_STARTS)
-    out = _async(ea.DenseHopfieldEnergy(jnp.asarray(x), ea.PolynomialSeparation(3)), starts, None)
+    energy = ea.DenseHopfieldEnergy(jax.device_put(x), ea.PolynomialSeparation(3))
+    out = jax.device_get(_async(energy, starts, None))
+    starts = np.asarray(starts)
 
     def f(z):
         return z**3
@@ -261,19 +270,25 @@ def test_sign_rule_for_dense_memory_is_krotov_hopfield_update(getkey):
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _case_arrays(keys, with_bias):
+    """The arrays of `_energy_cases`, drawn and multiplied out in one compiled program."""
+    x40 = _patterns(keys[0], 40)  # load 0.4 d: above the classical capacity, so not trivial
+    x100 = _patterns(keys[1], DIM)
+    x1000 = _patterns(keys[2], 10 * DIM)
+    bias = (0.5 * jr.normal(keys[3], (DIM,), dtype=jnp.float64),) if with_bias else ()
+    couplings = jr.normal(keys[-1], (DIM, DIM), dtype=jnp.float64)
+    return ea.hebbian_weights(x40), ea.hebbian_weights(couplings), bias, x100, x1000
+
+
 def _energy_cases(getkey, random_order):
     """Energies of the shared programs' types and shapes. Fixed-order runs use a classical
     energy with a bias, random-order runs one without (the shape the capacity tests use)."""
-    x40 = _patterns(getkey(), 40)  # load 0.4 d: above the classical capacity, so not trivial
-    x100 = _patterns(getkey(), DIM)
-    x1000 = _patterns(getkey(), 10 * DIM)
-    bias = (0.5 * jr.normal(getkey(), (DIM,), dtype=jnp.float64),) if not random_order else ()
-    couplings = jr.normal(getkey(), (DIM, DIM), dtype=jnp.float64)
+    keys = [getkey() for _ in range(4 if random_order else 5)]  # random order: no bias key
+    w40, w_couplings, bias, x100, x1000 = _case_arrays(keys, not random_order)
     cases = {
-        "classical": ea.ClassicalHopfieldEnergy(ea.hebbian_weights(x40), *bias),
-        "classical-random-couplings": ea.ClassicalHopfieldEnergy(
-            ea.hebbian_weights(couplings), *bias
-        ),
+        "classical": ea.ClassicalHopfieldEnergy(w40, *bias),
+        "classical-random-couplings": ea.ClassicalHopfieldEnergy(w_couplings, *bias),
         "x^3": ea.DenseHopfieldEnergy(x100, ea.PolynomialSeparation(3)),
         "exp": ea.DenseHopfieldEnergy(x1000, ea.ExponentialSeparation()),
         "exp-beta-0.2": ea.DenseHopfieldEnergy(x1000, ea.ExponentialSeparation(0.2)),
@@ -284,18 +299,28 @@ def _energy_cases(getkey, random_order):
     return cases
 
 
+@eqx.filter_jit
+def _energies_and_single_flips(energy, trajectory, final):
+    """The energy of every recorded state, shape (starts, sweeps + 1), and of every final state
+    with one unit flipped, for each unit, shape (starts, dim)."""
+    flip_all = 1 - 2 * jnp.eye(final.shape[-1])
+    neighbours = jax.vmap(lambda s: jax.vmap(energy)(s[None, :] * flip_all))(final)
+    return jax.vmap(jax.vmap(energy))(trajectory), neighbours
+
+
+# Marked: the exponential memories' sweeps (1000 patterns) run for seconds at -O0.
+@pytest.mark.optimised_xla
 @pytest.mark.parametrize("random_order", [False, True], ids=["fixed-order", "random-order"])
 def test_async_sweeps_never_increase_energy(getkey, random_order):
     starts = _patterns(getkey(), NUM_STARTS)
-    flip_all = 1 - 2 * jnp.eye(DIM)
     for name, energy in _energy_cases(getkey, random_order).items():
         keys = jr.split(getkey(), NUM_STARTS) if random_order else None
         out = _async(energy, starts, keys)
+        recomputed, neighbours = _energies_and_single_flips(energy, out.trajectory, out.value)
         e = np.asarray(out.energies)
         assert e.shape == (NUM_STARTS, NUM_SWEEPS + 1)
         assert np.all(np.abs(np.asarray(out.trajectory)) == 1)
         # The reported energies are those of the recorded states.
-        recomputed = jax.vmap(jax.vmap(energy))(out.trajectory)
         np.testing.assert_allclose(e, np.asarray(recomputed), rtol=1e-12, err_msg=name)
         _assert_non_increasing(e)
         assert np.all(e[:, -1] < e[:, 0]), (name, e)  # a random start is not already a minimum
@@ -303,11 +328,9 @@ def test_async_sweeps_never_increase_energy(getkey, random_order):
         # the energy (brute force over all d neighbours).
         converged = e[:, -1] == e[:, -2]
         assert converged.sum() >= 5, (name, converged.sum())
-        neighbours = jax.vmap(lambda s, energy=energy: jax.vmap(energy)(s[None, :] * flip_all))(
-            out.value[converged]
-        )
+        neighbours = np.asarray(neighbours)[converged]
         scale = np.abs(e[converged, -1:])
-        assert np.all(np.asarray(neighbours) >= e[converged, -1:] - 1e-12 * scale), name
+        assert np.all(neighbours >= e[converged, -1:] - 1e-12 * scale), name
         if random_order and name == "classical":
             # The key sets the order: other keys take other paths; the same keys, the same.
             other = _async(energy, starts, jr.split(getkey(), NUM_STARTS))
@@ -321,8 +344,8 @@ def test_async_sweeps_never_increase_energy(getkey, random_order):
 # ---------------------------------------------------------------------------------------------
 
 
-def _probes(key, patterns):
-    """NUM_STARTS probes, each a stored pattern with exactly FLIP_FRACTION * d bits flipped."""
+@jax.jit
+def _make_probes(key, patterns):
     num, dim = patterns.shape
     k_target, k_flip = jr.split(key)
     if num >= NUM_STARTS:
@@ -336,7 +359,13 @@ def _probes(key, patterns):
         where = jnp.zeros(dim, bool).at[jr.permutation(k, dim)[:num_flips]].set(True)
         return jnp.where(where, -x, x)
 
-    probes = jax.vmap(corrupt)(targets, jr.split(k_flip, NUM_STARTS))
+    return targets, jax.vmap(corrupt)(targets, jr.split(k_flip, NUM_STARTS))
+
+
+def _probes(key, patterns):
+    """NUM_STARTS probes, each a stored pattern with exactly FLIP_FRACTION * d bits flipped."""
+    targets, probes = _make_probes(key, patterns)
+    num_flips = round(FLIP_FRACTION * patterns.shape[1])
     np.testing.assert_array_equal(np.sum(probes != targets, axis=1), num_flips)
     return targets, probes
 
@@ -401,6 +430,7 @@ def test_dense_polynomial_retrieves_load_1d(getkey, rectified):
     assert _retrieval_fraction(_classical(x), x, key, "classical, same load") <= 0.05
 
 
+@pytest.mark.optimised_xla  # 1000 patterns: the exponential memory's sweeps run for seconds
 def test_dense_exponential_retrieves_load_10d(getkey):
     """Dense memory F(x) = exp(x), N = 10 d = 1000: about 70x the classical capacity (and far
     below 2^(d/2)). The exponential memory retrieves nearly every probe; the classical network
@@ -453,24 +483,30 @@ def test_degree_two_dense_memory_is_classical_hopfield(getkey):
     """-sum_mu (x_mu . xi)^2 = 2 * (-1/2 xi^T W xi) with W = sum x x^T (diagonal kept)."""
     d, n = 16, 5
     x = _patterns(getkey(), n, d)
-    dense = ea.DenseHopfieldEnergy(x, ea.PolynomialSeparation(2))
-    full = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(x, zero_diagonal=False))
-    zeroed = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(x))
     real_states = jr.normal(getkey(), (5, d), dtype=jnp.float64)
-    for xi in real_states:
-        np.testing.assert_allclose(dense(xi), 2 * full(xi), rtol=1e-12)
+    spin_states = _patterns(getkey(), 5, d)
+
+    @jax.jit
+    def energies(x, real_states, spin_states):
+        """Each energy on each state (state by state), and the function form on one."""
+        dense = ea.DenseHopfieldEnergy(x, ea.PolynomialSeparation(2))
+        full = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(x, zero_diagonal=False))
+        zeroed = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(x))
+        real = [(dense(xi), full(xi)) for xi in real_states]
+        spin = [(dense(xi), zeroed(xi)) for xi in spin_states]
+        function = ea.dense_hopfield_energy(real_states[0], x, ea.PolynomialSeparation(2))
+        return real, spin, function
+
+    real, spin, function = energies(x, real_states, spin_states)
+    for dense, full in real:
+        np.testing.assert_allclose(dense, 2 * full, rtol=1e-12)
     # On +-1 states the diagonal adds the constant 1/2 * N * d: the zero-diagonal energy is
     # shifted by it (so both have the same sign dynamics).
-    spin_states = _patterns(getkey(), 5, d)
-    for xi in spin_states:
-        np.testing.assert_allclose(dense(xi), 2 * zeroed(xi) - n * d, rtol=1e-12)
+    for dense, zeroed in spin:
+        np.testing.assert_allclose(dense, 2 * zeroed - n * d, rtol=1e-12)
     # Degree 2 through the function form, too.
-    xi = real_states[0]
-    np.testing.assert_allclose(
-        ea.dense_hopfield_energy(xi, x, ea.PolynomialSeparation(2)),
-        -np.sum((np.asarray(x) @ np.asarray(xi)) ** 2),
-        rtol=1e-12,
-    )
+    xi = np.asarray(real_states[0])
+    np.testing.assert_allclose(function, -np.sum((np.asarray(x) @ xi) ** 2), rtol=1e-12)
 
 
 def test_user_separation_function_under_jit(getkey):
@@ -522,7 +558,9 @@ _descend = eqx.filter_jit(ea.descend)
 
 def _check_descent(energy, x0, step_size):
     """20 steps; returns the Descent (its trajectory holds the state after the first step)."""
-    out = _descend(energy, x0, step_size=step_size, num_steps=20, return_trajectory=True)
+    out = jax.device_get(
+        _descend(energy, x0, step_size=step_size, num_steps=20, return_trajectory=True)
+    )
     e = np.asarray(out.energies)
     assert e.shape == (21,)
     assert np.all(np.isfinite(e))
@@ -589,70 +627,70 @@ class TestBadInput:
         with pytest.raises(ValueError, match=r"beta must be > 0, got -1"):
             ea.ExponentialSeparation(beta=-1.0)
         with pytest.raises(ValueError, match=r"beta must be a scalar, got shape \(2,?\)"):
-            ea.ExponentialSeparation(beta=jnp.ones(2))
+            ea.ExponentialSeparation(beta=np.ones(2))
 
     def test_hebbian_weights_rank(self):
         with pytest.raises(ValueError, match=r"patterns must have shape \(mem, dim\), got \(5,?\)"):
-            ea.hebbian_weights(jnp.ones(5))
+            ea.hebbian_weights(np.ones(5))
         with pytest.raises(
             ValueError, match=r"patterns must have shape \(mem, dim\), got \(2, 3, 4\)"
         ):
-            ea.hebbian_weights(jnp.ones((2, 3, 4)))
+            ea.hebbian_weights(np.ones((2, 3, 4)))
 
     def test_classical_shapes(self):
         with pytest.raises(
             ValueError, match=r"weights must have shape \(dim=3, dim=3\), got \(4, 4\)"
         ):
-            ea.classical_hopfield_energy(jnp.ones(3), jnp.eye(4))
+            ea.classical_hopfield_energy(np.ones(3), np.eye(4))
         with pytest.raises(ValueError, match=r"bias must have shape \(dim=3\), got \(4,?\)"):
-            ea.classical_hopfield_energy(jnp.ones(3), jnp.eye(3), jnp.ones(4))
+            ea.classical_hopfield_energy(np.ones(3), np.eye(3), np.ones(4))
         with pytest.raises(ValueError, match=r"state must have shape \(dim\), got \(1, 3\)"):
-            ea.classical_hopfield_energy(jnp.ones((1, 3)), jnp.eye(3))
+            ea.classical_hopfield_energy(np.ones((1, 3)), np.eye(3))
         with pytest.raises(
             ValueError, match=r"weights must have shape \(dim=3, dim=3\), got \(3, 4\)"
         ):
-            ea.ClassicalHopfieldEnergy(jnp.ones((3, 4)))
+            ea.ClassicalHopfieldEnergy(np.ones((3, 4)))
         with pytest.raises(ValueError, match=r"bias must have shape \(dim=4\), got \(3,?\)"):
-            ea.ClassicalHopfieldEnergy(jnp.eye(4), jnp.ones(3))
+            ea.ClassicalHopfieldEnergy(np.eye(4), np.ones(3))
         with pytest.raises(
             ValueError, match=r"weights must have shape \(dim=3, dim=3\), got \(4, 4\)"
         ):
-            ea.ClassicalHopfieldEnergy(jnp.eye(4))(jnp.ones(3))
+            ea.ClassicalHopfieldEnergy(np.eye(4))(np.ones(3))
 
     def test_dense_shapes_and_separation(self):
         with pytest.raises(
             ValueError, match=r"patterns must have shape \(mem, dim=3\), got \(5, 4\)"
         ):
-            ea.dense_hopfield_energy(jnp.ones(3), jnp.ones((5, 4)), ea.PolynomialSeparation(3))
+            ea.dense_hopfield_energy(np.ones(3), np.ones((5, 4)), ea.PolynomialSeparation(3))
         with pytest.raises(
             ValueError, match=r"patterns must have shape \(mem, dim=3\), got \(5, 4\)"
         ):
-            ea.DenseHopfieldEnergy(jnp.ones((5, 4)), ea.ExponentialSeparation())(jnp.ones(3))
+            ea.DenseHopfieldEnergy(np.ones((5, 4)), ea.ExponentialSeparation())(np.ones(3))
         with pytest.raises(ValueError, match=r"separation must be callable, got str"):
-            ea.DenseHopfieldEnergy(jnp.ones((5, 4)), "exp")
+            ea.DenseHopfieldEnergy(np.ones((5, 4)), "exp")
         with pytest.raises(ValueError, match=r"elementwise.*\(5,?\) to shape \(\)"):
-            ea.dense_hopfield_energy(jnp.ones(4), jnp.ones((5, 4)), jnp.sum)
+            ea.dense_hopfield_energy(np.ones(4), np.ones((5, 4)), jnp.sum)
 
     def test_sign_descend_state(self):
-        energy = ea.ClassicalHopfieldEnergy(jnp.zeros((3, 3)))
+        energy = ea.ClassicalHopfieldEnergy(np.zeros((3, 3)))
         with pytest.raises(ValueError, match=r"s0 must hold only -1 and \+1"):
-            ea.sign_descend(energy, jnp.array([1.0, 0.5, -1.0]), num_sweeps=1)
+            ea.sign_descend(energy, np.array([1.0, 0.5, -1.0]), num_sweeps=1)
         with pytest.raises(ValueError, match=r"s0 must hold only -1 and \+1"):
-            ea.sign_descend(energy, jnp.array([1.0, 0.0, -1.0]), num_sweeps=1)
+            ea.sign_descend(energy, np.array([1.0, 0.0, -1.0]), num_sweeps=1)
         with pytest.raises(ValueError, match=r"s0 must have shape \(dim\), got \(1, 3\)"):
-            ea.sign_descend(energy, jnp.ones((1, 3)), num_sweeps=1)
+            ea.sign_descend(energy, np.ones((1, 3)), num_sweeps=1)
 
     def test_sign_descend_state_traced(self):
         """Under jit the +-1 check can only run with the values: a runtime error."""
-        energy = ea.ClassicalHopfieldEnergy(jnp.zeros((3, 3)))
+        energy = ea.ClassicalHopfieldEnergy(np.zeros((3, 3)))
         run = jax.jit(lambda s: ea.sign_descend(energy, s, num_sweeps=1).value)
-        np.testing.assert_array_equal(run(jnp.array([1.0, -1.0, 1.0])), [1.0, -1.0, 1.0])
+        np.testing.assert_array_equal(run(np.array([1.0, -1.0, 1.0])), [1.0, -1.0, 1.0])
         with pytest.raises(Exception, match=r"s0 must hold only -1 and \+1"):
-            jax.block_until_ready(run(jnp.array([1.0, 0.5, -1.0])))
+            jax.block_until_ready(run(np.array([1.0, 0.5, -1.0])))
 
     def test_sign_descend_options(self, getkey):
-        energy = ea.ClassicalHopfieldEnergy(jnp.zeros((3, 3)))
-        s0 = jnp.ones(3)
+        energy = ea.ClassicalHopfieldEnergy(np.zeros((3, 3)))
+        s0 = np.ones(3)
         with pytest.raises(ValueError, match=r"num_sweeps must be a non-negative integer, got -1"):
             ea.sign_descend(energy, s0, num_sweeps=-1)
         with pytest.raises(

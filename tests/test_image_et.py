@@ -42,11 +42,10 @@ def test_random_patch_mask(getkey):
 
 def test_forward_pass_is_the_documented_pipeline(getkey):
     model = tiny_model(getkey())
-    image = jr.uniform(getkey(), (1, 8, 8))
+    image = np.random.default_rng(0).uniform(size=(1, 8, 8))
     mask = ea.data.random_patch_mask(getkey(), 16, 4)
-    out, descent = eqx.filter_jit(lambda m, x, k: m(x, k, return_trajectory=True))(
-        model, image, mask
-    )
+    forward = eqx.filter_jit(lambda m, x, k: m(x, k, return_trajectory=True))
+    out, descent = forward(model, image, mask)
     assert out.shape == (1, 8, 8) and descent.energies.shape == (4,)
     # by hand
     patches = np.asarray(ea.data.patchify(image, 2))
@@ -64,34 +63,39 @@ def test_forward_pass_is_the_documented_pipeline(getkey):
 
     expected = by_hand(model.transformer, jnp.asarray(tokens))
     np.testing.assert_allclose(model.patchify(out), expected, rtol=1e-10, atol=1e-12)
-    # The content of masked patches never reaches the model.
-    hidden = ea.data.unpatchify(jnp.repeat(mask[:, None], 4, 1), (1, 8, 8), 2)
-    scribbled = jnp.where(hidden, 5.0, image)
-    np.testing.assert_allclose(eqx.filter_jit(model)(scribbled, mask), out, rtol=1e-12)
+    # The content of masked patches never reaches the model (the same compiled forward pass).
+    hidden = ea.data.unpatchify(np.repeat(np.asarray(mask)[:, None], 4, 1), (1, 8, 8), 2)
+    scribbled = np.where(hidden, 5.0, image)
+    np.testing.assert_allclose(forward(model, scribbled, mask)[0], out, rtol=1e-12)
 
 
 def test_whole_model_jit_vmap_grad(getkey):
+    rng = np.random.default_rng(0)
     model = tiny_model(getkey())
-    images = jr.uniform(getkey(), (3, 1, 8, 8))
-    masks = jax.vmap(lambda k: ea.data.random_patch_mask(k, 16, 4))(jr.split(getkey(), 3))
+    images = rng.uniform(size=(3, 1, 8, 8))
+    masks = jax.jit(jax.vmap(lambda k: ea.data.random_patch_mask(k, 16, 4)))(jr.split(getkey(), 3))
 
     def loss(model, images, masks):
         return jnp.mean(
             jax.vmap(ea.models.masked_patch_mse, in_axes=(None, 0, 0))(model, images, masks)
         )
 
-    value, grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))(model, images, masks)
+    value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+    value, grads = value_and_grad(model, images, masks)
     one = eqx.filter_jit(ea.models.masked_patch_mse)  # unbatched; compiled once, not op by op
     single = [one(model, images[i], masks[i]) for i in range(3)]
     np.testing.assert_allclose(value, np.mean(single), rtol=1e-12)
-    jit_loss = eqx.filter_jit(loss)
+
+    def jit_loss(model, images, masks):  # the loss from the program compiled above
+        return value_and_grad(model, images, masks)[0]
+
     for path in (lambda m: m.transformer.w_key, lambda m: m.mask_token, lambda m: m.embed_weight):
-        direction = jr.normal(getkey(), path(model).shape)
+        direction = rng.standard_normal(path(model).shape)
         eps = 1e-6
         plus = eqx.tree_at(path, model, path(model) + eps * direction)
         minus = eqx.tree_at(path, model, path(model) - eps * direction)
         fd = (jit_loss(plus, images, masks) - jit_loss(minus, images, masks)) / (2 * eps)
-        np.testing.assert_allclose(jnp.sum(path(grads) * direction), fd, rtol=1e-6)
+        np.testing.assert_allclose(np.sum(path(grads) * direction), fd, rtol=1e-6)
 
 
 def test_lyapunov_decreases_for_image_model_config(getkey):
@@ -111,12 +115,21 @@ def test_lyapunov_decreases_for_image_model_config(getkey):
     assert lyapunov[-1] < lyapunov[0]
 
 
-def test_training_reduces_loss_and_resumes_identically(getkey, tmp_path):
-    images = jnp.asarray(ea.data.load_digits("train").images[:64, None])
+# The training of the resume test and of the held-out test below: the same model, data and
+# settings, so a process that runs both compiles the training step once.
+TRAINING = dict(num_steps=60, num_masked=4, batch_size=16, learning_rate=1e-2, progress=False)
+
+
+def _training_images():
+    return jnp.asarray(ea.data.load_digits("train").images[:256, None])
+
+
+def test_training_reduces_loss_and_resumes_identically(tmp_path):
+    images = _training_images()
     model = tiny_model(jr.key(0))
-    settings = dict(num_steps=6, num_masked=4, batch_size=8, learning_rate=1e-2, progress=False)
+    settings = TRAINING
     straight = ea.models.train_inpainting(model, images, key=jr.key(1), **settings)
-    assert straight.finished and straight.step == 6 and straight.losses.shape == (6,)
+    assert straight.finished and straight.step == 60 and straight.losses.shape == (60,)
 
     # stop after 3 steps (a callback raising stands in for a crash), then resume
     checkpoint = tmp_path / "et.eqx"
@@ -139,7 +152,7 @@ def test_training_reduces_loss_and_resumes_identically(getkey, tmp_path):
     resumed = ea.models.train_inpainting(
         tiny_model(jr.key(5)), images, key=jr.key(1), checkpoint=checkpoint, **settings
     )
-    assert resumed.step == 6 and resumed.losses.shape == (3,)
+    assert resumed.step == 60 and resumed.losses.shape == (57,)
     np.testing.assert_array_equal(resumed.losses, straight.losses[3:])
     for a, b in zip(jax.tree.leaves(resumed.model), jax.tree.leaves(straight.model), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -172,9 +185,10 @@ def test_optimizer_schedule():
     )
     params = {"w": jnp.zeros(())}
     state = optimizer.init(params)
+    update = jax.jit(optimizer.update)  # one compiled update, not op by op
     sizes = []
     for _ in range(100):
-        updates, state = optimizer.update({"w": jnp.ones(())}, state, params)
+        updates, state = update({"w": jnp.ones(())}, state, params)
         sizes.append(-float(updates["w"]))
     # Adam's first step has unit size times the learning rate: warm-up from 0, peak, cosine to 0.
     assert sizes[0] == 0.0 and sizes[10] == pytest.approx(1.0, rel=1e-3)
@@ -204,7 +218,7 @@ def write_checkpoint_like_npz(path, rng, *, heads=2, head_dim=3, dim=6, mem=10):
 
 # mem == dim: a square Xi, which the old loader (transposing only when M != D) read wrongly.
 @pytest.mark.parametrize("mem", [10, 6])
-def test_load_npz_checkpoint_layout(tmp_path, getkey, mem):
+def test_load_npz_checkpoint_layout(tmp_path, mem):
     rng = np.random.default_rng(0)
     arrays = write_checkpoint_like_npz(tmp_path / "et.npz", rng, mem=mem)
     model = ea.models.load_image_et(tmp_path / "et.npz", image_shape=(1, 8, 8), patch_size=4)
@@ -215,7 +229,7 @@ def test_load_npz_checkpoint_layout(tmp_path, getkey, mem):
     np.testing.assert_array_equal(model.pos_embed, arrays["POS_embed"])
     np.testing.assert_array_equal(et.layer_norm.gamma, 1.3)
     # The energy of the loaded model, written from the raw arrays: memory k is Xi[:, k].
-    g = np.asarray(jr.normal(getkey(), (5, 6)))
+    g = rng.normal(size=(5, 6))
     value = 0.0
     for h in range(2):
         scores = (g @ arrays["Wq"][h].T) @ (g @ arrays["Wk"][h].T).T / np.sqrt(3)
@@ -223,7 +237,7 @@ def test_load_npz_checkpoint_layout(tmp_path, getkey, mem):
     value -= 0.5 * np.sum(np.maximum(g @ arrays["Xi"], 0) ** 2)
     np.testing.assert_allclose(et.energy(g), value, rtol=1e-12)
     # encode uses patches @ Wenc + Benc
-    image = np.asarray(jr.uniform(getkey(), (1, 8, 8)))
+    image = rng.uniform(size=(1, 8, 8))
     np.testing.assert_allclose(
         model.encode(image),
         ea.data.patchify(image, 4) @ arrays["Wenc"] + arrays["Benc"],
@@ -312,21 +326,12 @@ def test_bad_inputs(user_mode, getkey):
 
 
 def test_training_improves_held_out_inpainting():
-    train = jnp.asarray(ea.data.load_digits("train").images[:256, None])
+    train = _training_images()
     test = jnp.asarray(ea.data.load_digits("test").images[:100, None])
     model = tiny_model(jr.key(0))
     settings = dict(num_masked=4, key=jr.key(2), mean_image=jnp.mean(train, axis=0))
     before = ea.models.evaluate_inpainting(model, test, **settings)
-    trained = ea.models.train_inpainting(
-        model,
-        train,
-        key=jr.key(1),
-        num_steps=60,
-        num_masked=4,
-        batch_size=16,
-        learning_rate=1e-2,
-        progress=False,
-    )
+    trained = ea.models.train_inpainting(model, train, key=jr.key(1), **TRAINING)
     after = ea.models.evaluate_inpainting(trained.model, test, **settings)
     assert after["baseline_mse"] == before["baseline_mse"]  # same masks, same baseline
     assert after["mse"] < 0.5 * before["mse"]

@@ -41,21 +41,36 @@ def test_local_energy_index_out_of_range(user_mode):
 # ------------------------------------------------------------------ empty memory
 
 
-def test_empty_memory_follows_the_fully_masked_rule():
-    q = jr.normal(jr.key(0), (2, 3))
+@jax.jit
+def _empty_memory_values(q):
+    """Every energy of the test below, one compiled program (not one per operation)."""
     empty = jnp.zeros((0, 3))
-    quadratic = 0.5 * jnp.sum(q**2)
+    out = {}
     for implementation in ("naive", "blockwise"):
-        energy = ea.hopfield_energy(q, empty, implementation=implementation)
+        out[implementation] = (
+            ea.hopfield_energy(q, empty, implementation=implementation),
+            jax.grad(ea.hopfield_energy)(q, empty, implementation=implementation),
+        )
+    out["module"] = ea.HopfieldEnergy(empty)(q)
+    out["masked"] = ea.hopfield_energy(q, jnp.ones((4, 3)), mask=jnp.zeros((2, 4), bool))
+    out["logsumexp"] = ea.attention_logsumexp(q, empty)
+    out["transformer"] = ea.transformer_memory_energy(q, empty, kind="softmax")
+    return out
+
+
+def test_empty_memory_follows_the_fully_masked_rule():
+    q = np.asarray(jr.normal(jr.key(0), (2, 3)))
+    quadratic = 0.5 * np.sum(q**2)
+    out = _empty_memory_values(q)
+    for implementation in ("naive", "blockwise"):
+        energy, force = out[implementation]
         np.testing.assert_allclose(energy, quadratic, rtol=1e-12)
-        force = jax.grad(ea.hopfield_energy)(q, empty, implementation=implementation)
         np.testing.assert_allclose(force, q, rtol=1e-12)  # no attention force
-    np.testing.assert_allclose(ea.HopfieldEnergy(empty)(q), quadratic, rtol=1e-12)
+    np.testing.assert_allclose(out["module"], quadratic, rtol=1e-12)
     # The same value as a memory whose every entry is masked.
-    masked = ea.hopfield_energy(q, jnp.ones((4, 3)), mask=jnp.zeros((2, 4), bool))
-    np.testing.assert_allclose(masked, quadratic, rtol=1e-12)
-    assert np.all(ea.attention_logsumexp(q, empty) == 0)
-    assert ea.transformer_memory_energy(q, empty, kind="softmax") == 0
+    np.testing.assert_allclose(out["masked"], quadratic, rtol=1e-12)
+    assert np.all(out["logsumexp"] == 0)
+    assert out["transformer"] == 0
 
 
 # ------------------------------------------------------------------ query vs memory dimension
@@ -96,8 +111,10 @@ def test_descend_names_nan_parameters_not_the_step_size():
     q = jr.normal(jr.key(1), (2, 3))
     poisoned = memory.at[2, 1].set(jnp.nan)
 
+    descend = eqx.filter_jit(ea.descend)  # compiled, not op by op
+
     def run(energy, args=None, x0=q, step_size=0.5, num_steps=2):
-        return lambda: ea.descend(energy, x0, args, step_size=step_size, num_steps=num_steps)
+        return lambda: descend(energy, x0, args, step_size=step_size, num_steps=num_steps)
 
     message = _runtime_message(run(ea.HopfieldEnergy(poisoned)))
     assert "energy.memory contains NaN or inf" in message
@@ -116,7 +133,8 @@ def test_hopfield_attention_names_a_nan_parameter():
     layer = ea.nn.HopfieldAttention(3, key=jr.key(0))
     weight = layer.key_proj.weight.at[0, 0].set(jnp.inf)
     bad = eqx.tree_at(lambda m: m.key_proj.weight, layer, weight)
-    message = _runtime_message(lambda: bad(jr.normal(jr.key(1), (4, 3))))
+    x = jr.normal(jr.key(1), (4, 3))
+    message = _runtime_message(lambda: eqx.filter_jit(bad)(x))
     assert "parameter HopfieldAttention.key_proj.weight contains NaN or inf" in message
 
 
@@ -160,13 +178,14 @@ def test_failing_backward_solve_says_it_was_the_backward_pass():
         fn = lambda z, b: jnp.tanh(A @ z) + b  # noqa: E731
         return ea.fixed_point(fn, jnp.zeros(3), b, adjoint=gmres).value.sum()
 
-    message = _runtime_message(lambda: jax.grad(loss)(jnp.ones(3)))
+    message = _runtime_message(lambda: jax.jit(jax.grad(loss))(jnp.ones(3)))
     assert (
         "implicit differentiation failed in the backward pass (reverse mode, e.g. jax.grad): "
         "the implicit adjoint's linear solve of (I - ∂f/∂y)ᵀ v = g with ea.GMRES did not "
         "converge within max_steps=1 matrix-vector products"
     ) in message
-    message = _runtime_message(lambda: jax.jvp(loss, (jnp.ones(3),), (jnp.ones(3),)))
+    jvp = jax.jit(lambda b, t: jax.jvp(loss, (b,), (t,)))
+    message = _runtime_message(lambda: jvp(jnp.ones(3), jnp.ones(3)))
     assert "failed in the forward-mode derivative" in message
     assert "(I - ∂f/∂y) u = r with ea.GMRES" in message
 
@@ -178,8 +197,9 @@ def test_float32_saddle_point_with_huge_fields():
     J = 0.3 * jr.normal(jr.key(0), (4, 4))
     J = (J + J.T) / 2 - jnp.diag(jnp.diag(J + J.T) / 2)
     H = 1e15 * jr.normal(jr.key(1), (4, 3))
-    f32 = ea.spin.saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), 1.0, throw=False)
-    f64 = ea.spin.saddle_point(J, H, 1.0)
+    saddle_point = eqx.filter_jit(ea.spin.saddle_point)  # compiled, not op by op
+    f32 = saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), 1.0, throw=False)
+    f64 = saddle_point(J, H, 1.0)
     assert f32.value.dtype == jnp.float32
     assert bool(f32.converged)
     np.testing.assert_allclose(f32.value, f64.value, rtol=1e-5)

@@ -17,6 +17,12 @@ def run(layer, *args, **kwargs):
     return layer(*args, **kwargs)
 
 
+@eqx.filter_jit
+def run_each(layers, *args, **kwargs):
+    """Call each of several layers on the same inputs, all in one compiled program."""
+    return [layer(*args, **kwargs) for layer in layers]
+
+
 def reference_attention(q, k, v, scale, mask=None):
     """Hand-written NumPy multi-head attention on (heads, seq, head_dim) arrays."""
     scores = scale * np.einsum("hsd,hmd->hsm", q, k)
@@ -48,16 +54,25 @@ def keys_as_values(softmax_attn, hopfield_attn):
 def data(getkey):
     x = jr.normal(getkey(), (5, 12))
     context = jr.normal(getkey(), (7, 10))
-    mask = jr.bernoulli(getkey(), 0.6, (5, 7)).at[:, 2].set(True)
+    mask = np.array(jr.bernoulli(getkey(), 0.6, (5, 7)))
+    mask[:, 2] = True
     return x, context, mask
 
 
 def test_softmax_attention_matches_reference(data, getkey):
     x, context, mask = data
     attn = ea.nn.SoftmaxAttention(12, 10, num_heads=3, head_dim=4, key=getkey())
-    q = heads(jax.vmap(attn.query_proj)(x), 3)
-    k = heads(jax.vmap(attn.key_proj)(context), 3)
-    v = heads(jax.vmap(attn.value_proj)(context), 3)
+    projections = eqx.filter_jit(
+        lambda attn, x, context: [
+            jax.vmap(proj)(inputs)
+            for proj, inputs in [
+                (attn.query_proj, x),
+                (attn.key_proj, context),
+                (attn.value_proj, context),
+            ]
+        ]
+    )
+    q, k, v = (heads(p, 3) for p in projections(attn, x, context))
     for m in [None, mask]:
         inner = merge(reference_attention(q, k, v, 4**-0.5, m))
         expected = inner @ np.asarray(attn.output_proj.weight).T + np.asarray(attn.output_proj.bias)
@@ -76,25 +91,31 @@ def test_one_step_is_softmax_attention_with_keys_as_values(data, getkey, num_hea
     )
     ctx = context if cross else None
     m = (mask if cross else mask[:, :5]) if masked else None
-    np.testing.assert_allclose(run(hop, x, ctx, mask=m), run(soft, x, ctx, mask=m), atol=1e-12)
+    out_h, out_s = run_each((hop, soft), x, ctx, mask=m)
+    np.testing.assert_allclose(out_h, out_s, atol=1e-12)
 
 
 def test_bare_layers_match_dot_product_attention(getkey):
     """Bare multi-head energy attention = jax.nn.dot_product_attention with keys as values."""
     x = jr.normal(getkey(), (6, 16))
     context = jr.normal(getkey(), (9, 16))
-    mask = jr.bernoulli(getkey(), 0.7, (6, 9)).at[:, 0].set(True)
+    mask = np.array(jr.bernoulli(getkey(), 0.7, (6, 9)))
+    mask[:, 0] = True
     hop = ea.nn.HopfieldAttention(16, num_heads=4, bare=True, key=getkey())
     soft = ea.nn.SoftmaxAttention(16, num_heads=4, bare=True, key=getkey())
 
     def split(t):  # (seq, heads, head_dim)
         return t.reshape(t.shape[0], 4, 4)
 
-    dpa = jax.nn.dot_product_attention(
-        split(x), split(context), split(context), mask=mask[None], scale=4**-0.5
-    ).reshape(6, 16)
+    @eqx.filter_jit
+    def outputs(hop, soft, x, context):
+        dpa = jax.nn.dot_product_attention(
+            split(x), split(context), split(context), mask=mask[None], scale=4**-0.5
+        ).reshape(6, 16)
+        return dpa, hop(x, context, mask=mask), soft(x, context, mask=mask)
+
+    dpa, out_h, out_s = outputs(hop, soft, x, context)
     # dot_product_attention takes its softmax in float32 whatever the input dtype.
-    out_h, out_s = run(hop, x, context, mask=mask), run(soft, x, context, mask=mask)
     np.testing.assert_allclose(out_h, dpa, atol=1e-6)
     np.testing.assert_allclose(out_s, dpa, atol=1e-6)
     np.testing.assert_allclose(out_h, out_s, atol=1e-12)
@@ -102,10 +123,10 @@ def test_bare_layers_match_dot_product_attention(getkey):
 
 def test_fully_masked_query_outputs_zero_in_both_layers(data, getkey):
     x, context, mask = data
-    mask = mask.at[2].set(False)
+    mask[2] = False
     hop = ea.nn.HopfieldAttention(12, 10, num_heads=2, bare=False, key=getkey())
     soft = keys_as_values(ea.nn.SoftmaxAttention(12, 10, num_heads=2, key=getkey()), hop)
-    out_h, out_s = run(hop, x, context, mask=mask), run(soft, x, context, mask=mask)
+    out_h, out_s = jax.device_get(run_each((hop, soft), x, context, mask=mask))
     assert np.all(np.isfinite(out_h)) and np.all(np.isfinite(out_s))
     np.testing.assert_allclose(out_h, out_s, atol=1e-12)
     np.testing.assert_allclose(
@@ -118,13 +139,17 @@ def test_trajectory_and_monotone_energy(data, getkey):
     hop = ea.nn.HopfieldAttention(
         12, 10, num_heads=2, head_dim=6, step_size=0.2, num_steps=15, key=getkey()
     )
-    out, descent = run(hop, x, context, return_trajectory=True)
+
+    @eqx.filter_jit
+    def outputs(hop, x, context):
+        out, descent = hop(x, context, return_trajectory=True)
+        return out, descent, hop(x, context), jax.vmap(hop.query_proj)(x)
+
+    out, descent, out_plain, queries = jax.device_get(outputs(hop, x, context))
     assert descent.energies.shape == (2, 16)
     assert descent.trajectory.shape == (2, 16, 5, 6)
-    np.testing.assert_allclose(
-        descent.trajectory[:, 0], heads(jax.vmap(hop.query_proj)(x), 2), atol=1e-14
-    )
-    np.testing.assert_allclose(out, run(hop, x, context), atol=1e-14)
+    np.testing.assert_allclose(descent.trajectory[:, 0], heads(queries, 2), atol=1e-14)
+    np.testing.assert_allclose(out, out_plain, atol=1e-14)
     assert np.all(np.diff(descent.energies, axis=1) <= 1e-12)
 
 
@@ -179,11 +204,19 @@ def test_gradients_and_grad_of_grad(data, getkey, layer):
         return jnp.sum(jnp.tanh(m(x, context, mask=mask)))
 
     eps = 1e-5
-    value, first, second = jax.jit(loss), jax.jit(jax.grad(loss)), jax.jit(jax.grad(jax.grad(loss)))
-    np.testing.assert_allclose(first(0.0), (value(eps) - value(-eps)) / (2 * eps), rtol=1e-7)
-    np.testing.assert_allclose(second(0.0), (first(eps) - first(-eps)) / (2 * eps), rtol=1e-6)
-    # Gradient with respect to the inputs too.
-    gx = jax.jit(jax.grad(lambda x: jnp.sum(jnp.tanh(model(x, context, mask=mask)))))(x)
+
+    @jax.jit  # one program; each function is vmapped over the points it is needed at
+    def derivatives(x):
+        value = jax.vmap(loss)(jnp.array([eps, -eps]))
+        first = jax.vmap(jax.grad(loss))(jnp.array([0.0, eps, -eps]))
+        second = jax.grad(jax.grad(loss))(0.0)
+        # Gradient with respect to the inputs too.
+        gx = jax.grad(lambda x: jnp.sum(jnp.tanh(model(x, context, mask=mask))))(x)
+        return value, first, second, gx
+
+    value, first, second, gx = jax.device_get(derivatives(x))
+    np.testing.assert_allclose(first[0], (value[0] - value[1]) / (2 * eps), rtol=1e-7)
+    np.testing.assert_allclose(second, (first[1] - first[2]) / (2 * eps), rtol=1e-6)
     assert gx.shape == x.shape and np.all(np.isfinite(gx))
 
 
@@ -192,34 +225,41 @@ def test_training_step_with_optax(data, getkey):
     x, context, _ = data
     model = ea.nn.HopfieldAttention(12, 10, num_heads=2, num_steps=2, step_size=0.5, key=getkey())
     xs = jr.normal(getkey(), (8, 5, 12))
-    targets = jnp.tanh(xs[..., ::-1])
+    targets = np.tanh(np.asarray(xs)[..., ::-1])
     optim = optax.adamw(1e-2)
     state = optim.init(eqx.filter(model, eqx.is_inexact_array))
 
-    @eqx.filter_jit
     def loss(model):
         return jnp.mean((jax.vmap(lambda xi: model(xi, context))(xs) - targets) ** 2)
 
     @eqx.filter_jit
-    def step(model, state):
-        value, grads = eqx.filter_value_and_grad(loss)(model)
-        updates, state = optim.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
-        return eqx.apply_updates(model, updates), state, value
+    def train(model, state):
+        """The loss before and after 30 steps, in one compiled program."""
+        params, static = eqx.partition(model, eqx.is_array)
 
-    start = loss(model)
-    for _ in range(30):
-        model, state, _ = step(model, state)
-    assert loss(model) < 0.8 * start
+        def step(carry, _):
+            params, state = carry
+            model = eqx.combine(params, static)
+            grads = eqx.filter_grad(loss)(model)
+            updates, state = optim.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+            return (eqx.filter(eqx.apply_updates(model, updates), eqx.is_array), state), None
+
+        (params, _), _ = jax.lax.scan(step, (params, state), length=30)
+        return loss(model), loss(eqx.combine(params, static))
+
+    start, end = train(model, state)
+    assert end < 0.8 * start
 
 
 def test_parameter_dtype(getkey):
     hop = ea.nn.HopfieldAttention(8, num_heads=2, dtype=jnp.float32, key=getkey())
     soft = ea.nn.SoftmaxAttention(8, num_heads=2, dtype=jnp.float32, key=getkey())
-    for layer in (hop, soft):
+    outputs = run_each((hop, soft), np.ones((3, 8), np.float32))
+    for layer, out in zip((hop, soft), outputs, strict=True):
         assert {p.dtype for p in jax.tree.leaves(eqx.filter(layer, eqx.is_array))} == {
             jnp.dtype("float32")
         }
-        assert run(layer, jnp.ones((3, 8), jnp.float32)).dtype == jnp.float32
+        assert out.dtype == jnp.float32
 
 
 def test_nan_input_is_reported(getkey):

@@ -1,6 +1,7 @@
 """The package itself: metadata, layout, public names."""
 
 import ast
+import functools
 import importlib.metadata
 import inspect
 import pathlib
@@ -62,6 +63,7 @@ def test_readme_example_runs(capsys):
     assert namespace["descent"].energies.shape == (8, 4)
 
 
+@functools.cache  # parsed once for the tests that read them
 def _imports(path: pathlib.Path):
     """The `energyattn` modules that `path` imports, as dotted names (relative imports
     resolved), with the names imported from each."""
@@ -69,6 +71,7 @@ def _imports(path: pathlib.Path):
     if parts[-1] == "__init__":
         parts = parts[:-1]
     package = parts if path.name == "__init__.py" else parts[:-1]
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -76,10 +79,11 @@ def _imports(path: pathlib.Path):
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            yield module, [alias.name for alias in node.names]
+            found.append((module, [alias.name for alias in node.names]))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, []
+                found.append((alias.name, []))
+    return tuple(found)
 
 
 def _home(module: str) -> str:

@@ -5,6 +5,7 @@ Every multi-device result must equal the same computation on one device.
 
 import functools
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -230,8 +231,13 @@ def free_port():
 def test_two_processes_on_loopback(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
+    # Two devices per process; the suite's other XLA flags (fast compilation, no YNN fusions:
+    # tests/conftest.py) carry over.
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ["XLA_FLAGS"])
     env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2"
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=2".strip(),
     )
     env.pop("JAX_ENABLE_X64", None)
     address = f"localhost:{free_port()}"

@@ -15,6 +15,9 @@ import energyattn as ea
 sp = ea.spin
 FIXTURE = Path(__file__).parent / "fixtures" / "smt_tap_fp_N8_D16.npz"
 TIGHT = ea.Anderson(rtol=0.0, atol=1e-13, history=5)
+# A point and the two points of a central difference around it (at +- h along a direction):
+# one vmapped solve gives the derivative at the first and the values at the other two.
+AT_AND_AROUND = np.array([0.0, 1.0, -1.0])
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +36,26 @@ def system(seed, n=5, d=6):
     return x, J, R
 
 
+@jax.jit
+def _row_functions(theta, beta, R):
+    """phi, phi_inverse of phi, gamma of that, and gamma: one program for every (beta, R)."""
+    m = sp.smt_phi(theta, beta=beta, R=R)
+    inverse = sp.smt_phi_inverse(m, beta=beta, R=R)
+    return m, inverse, sp.smt_gamma(inverse, beta=beta, R=R), sp.smt_gamma(theta, beta=beta, R=R)
+
+
 def test_row_functions():
     """phi maps any field inside the sphere, phi_inverse undoes it, gamma of phi_inverse has
     its closed form."""
-    theta = 3.0 * jr.normal(jr.key(0), (7, 5))
+    theta = 3.0 * np.asarray(jr.normal(jr.key(0), (7, 5)))
     for beta, R in [(1.0, 1.5), (2.5, 0.7)]:
-        m = sp.smt_phi(theta, beta=beta, R=R)
+        m, inverse, g, gamma = _row_functions(theta, beta, R)
         assert np.all(np.linalg.norm(m, axis=-1) < R)
-        np.testing.assert_allclose(sp.smt_phi_inverse(m, beta=beta, R=R), theta, rtol=1e-12)
-        g = sp.smt_gamma(sp.smt_phi_inverse(m, beta=beta, R=R), beta=beta, R=R)
+        np.testing.assert_allclose(inverse, theta, rtol=1e-12)
         m2 = np.sum(np.asarray(m) ** 2, -1)
         np.testing.assert_allclose(g, (R**2 + m2) / (R**2 - m2), rtol=1e-12)
         np.testing.assert_allclose(
-            sp.smt_gamma(theta, beta=beta, R=R),
-            np.sqrt(1 + beta**2 * np.sum(np.asarray(theta) ** 2, -1) / R**2),
-            rtol=1e-14,
+            gamma, np.sqrt(1 + beta**2 * np.sum(theta**2, -1) / R**2), rtol=1e-14
         )
 
 
@@ -56,7 +64,7 @@ def test_tap_update_matches_the_written_sums(ref):
     spin with g0 carrying the updated spin's index i (the reference's convention)."""
     x, J, beta, R = ref["x"], ref["J"], float(ref["beta"]), float(ref["R"])
     m1, m0 = ref["m_star_tight"], 0.9 * ref["m0"]
-    f = np.asarray(sp.smt_tap_update(m1, m0, x, J, beta=beta, R=R))
+    f = np.asarray(jax.jit(sp.smt_tap_update)(m1, m0, x, J, beta=beta, R=R))
 
     def inv(m):
         return 2 * R**2 * m / (beta * (R**2 - np.sum(m**2)))
@@ -138,24 +146,23 @@ def _loss(x, J, beta, unrolled=False):
 
 @jax.jit
 def _derivatives(x, J, dx, dJ):
-    """Gradients (x, J, beta), a JVP and an HVP, implicit and unrolled; a central difference.
-    Module level: compiled once for every seed."""
+    """Gradients (x, J, beta), a JVP and an HVP, implicit and unrolled; a central difference
+    of the implicit one. Module level: compiled once for every seed."""
+    h = 1e-5
 
     def derivatives_of(f):
-        return dict(
-            grad=jax.grad(f, argnums=(0, 1, 2))(x, J, 1.3),
-            jvp=jax.jvp(lambda t: f(x + t * dx, J + t * dJ, 1.3), (0.0,), (1.0,))[1],
-            hvp=jax.jvp(lambda t: jax.grad(f)(x + t * dx, J, 1.3), (0.0,), (1.0,))[1],
-        )
+        # The HVP is the JVP of the gradient along dx: its primal output is the gradient.
+        grad = lambda t: jax.grad(f, argnums=(0, 1, 2))(x + t * dx, J, 1.3)  # noqa: E731
+        grad, hvp = jax.jvp(grad, (0.0,), (1.0,))
+        # The JVP along (dx, dJ) at t = 0, and f at t = +-h: one vmapped solve.
+        along = lambda t0: jax.jvp(lambda t: f(x + t * dx, J + t * dJ, 1.3), (t0,), (1.0,))  # noqa: E731
+        values, jvps = jax.vmap(along)(h * AT_AND_AROUND)
+        derivatives = dict(grad=grad, jvp=jvps[0], hvp=hvp[0])  # the HVP's x part
+        return derivatives, (values[1] - values[2]) / (2 * h)
 
-    out = dict(
-        implicit=derivatives_of(_loss),
-        unrolled=derivatives_of(lambda x, J, b: _loss(x, J, b, unrolled=True)),
-    )
-    h = 1e-5
-    f = lambda t: _loss(x + t * dx, J + t * dJ, 1.3)  # noqa: E731
-    out["fd"] = (f(h) - f(-h)) / (2 * h)
-    return out
+    implicit, fd = derivatives_of(_loss)
+    unrolled, _ = derivatives_of(lambda x, J, b: _loss(x, J, b, unrolled=True))
+    return dict(implicit=implicit, unrolled=unrolled, fd=fd)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -169,7 +176,7 @@ def test_implicit_equals_unrolled_and_finite_differences(seed):
     for a, b in zip(jax.tree.leaves(imp), jax.tree.leaves(unr), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(imp["jvp"], out["fd"], rtol=1e-7)
-    directional = jnp.sum(imp["grad"][0] * dx) + jnp.sum(imp["grad"][1] * dJ)
+    directional = np.sum(imp["grad"][0] * dx) + np.sum(imp["grad"][1] * dJ)
     np.testing.assert_allclose(directional, imp["jvp"], rtol=1e-10)
 
 
@@ -189,6 +196,30 @@ def test_failures_are_loud(user_mode):
         sp.smt_magnetizations(x, J, R=R, m0=jnp.ones((2, 2)))
 
 
+@eqx.filter_jit
+def _layer_outputs(layer, scaled, x, mask):
+    """The layer (masked) and its couplings, the scaled layer's couplings, the layer on a
+    batch (vmapped), and the gradient of a loss through the layer with its output (unmasked,
+    unbatched): one compilation."""
+
+    def loss(layer):
+        out = layer(x)
+        return jnp.sum(out**2), out
+
+    return (
+        layer(x, mask=mask),
+        layer.couplings(x, mask=mask),
+        scaled.couplings(x),
+        jax.vmap(layer)(jnp.stack([x, 2 * x])),
+        jax.grad(loss, has_aux=True)(layer),
+    )
+
+
+@jax.jit
+def _head_magnetizations(x, J, R, m0):
+    return sp.smt_magnetizations(x, J, R=R, m0=m0)
+
+
 def test_layer_follows_the_reference_conventions():
     """Per-head normalisation to R = sqrt(d/2 - 1), one (2 dim, dim) projection split into
     [q | k] in merged-head layout, row softmax of q k^T (no 1/sqrt(d)), m0 = 1/sqrt(d): the
@@ -196,7 +227,7 @@ def test_layer_follows_the_reference_conventions():
     dim, heads, tokens = 12, 3, 5
     layer = ea.nn.SpinTransformerAttention(dim, heads, key=jr.key(0))
     x = jr.normal(jr.key(1), (tokens, dim))
-    mask = jnp.tril(jnp.ones((tokens, tokens), bool))
+    mask = np.tril(np.ones((tokens, tokens), bool))
     d = dim // heads
     R = np.sqrt(d / 2 - 1)
     W = np.asarray(layer.to_qk.weight)
@@ -205,26 +236,27 @@ def test_layer_follows_the_reference_conventions():
     xh = R * xh / np.linalg.norm(xh, axis=-1, keepdims=True)
     qk = xh.reshape(tokens, dim) @ W.T
     q, k = qk[:, :dim].reshape(tokens, heads, d), qk[:, dim:].reshape(tokens, heads, d)
-    forward = eqx.filter_jit(layer)  # compiled once, not op by op
-    out = np.asarray(forward(x, mask=mask))
+    scaled = ea.nn.SpinTransformerAttention(dim, heads, scale_couplings=True, key=jr.key(0))
+    # Compiled, not op by op: everything the layers compute, and one head's solve.
+    out, couplings, scaled_couplings, batch, (grad, forward) = _layer_outputs(
+        layer, scaled, x, mask
+    )
+    out, couplings = np.asarray(out), np.asarray(couplings)
     assert out.shape == (tokens, dim)
     for h in range(heads):
         scores = q[:, h] @ k[:, h].T
-        scores = np.where(np.asarray(mask), scores, np.finfo(scores.dtype).min)
+        scores = np.where(mask, scores, np.finfo(scores.dtype).min)
         J = np.exp(scores - scores.max(-1, keepdims=True))
         J /= J.sum(-1, keepdims=True)
-        np.testing.assert_allclose(layer.couplings(x, mask=mask)[h], J, rtol=1e-12)
-        m = sp.smt_magnetizations(xh[:, h], J, R=R, m0=np.ones((tokens, d)) / np.sqrt(d))
+        np.testing.assert_allclose(couplings[h], J, rtol=1e-12)
+        m = _head_magnetizations(xh[:, h], J, R, np.ones((tokens, d)) / np.sqrt(d))
         np.testing.assert_allclose(out[:, h * d : (h + 1) * d], m, rtol=1e-10, atol=1e-12)
-    scaled = ea.nn.SpinTransformerAttention(dim, heads, scale_couplings=True, key=jr.key(0))
     scores = q[:, 0] @ k[:, 0].T / np.sqrt(d)
-    np.testing.assert_allclose(
-        scaled.couplings(x)[0], np.asarray(jax.nn.softmax(scores, axis=-1)), rtol=1e-12
-    )
+    softmax = np.exp(scores - scores.max(-1, keepdims=True))
+    softmax /= softmax.sum(-1, keepdims=True)
+    np.testing.assert_allclose(scaled_couplings[0], softmax, rtol=1e-12)
     # Batches by vmap, and the gradient reaches the projection.
-    batch = eqx.filter_jit(jax.vmap(layer))(jnp.stack([x, 2 * x]))
-    np.testing.assert_allclose(batch[1], forward(x), rtol=1e-10)  # normalisation: scale-free
-    grad = eqx.filter_jit(jax.grad(lambda layer: jnp.sum(layer(x) ** 2)))(layer)
+    np.testing.assert_allclose(batch[1], forward, rtol=1e-10)  # normalisation: scale-free
     assert np.all(np.isfinite(grad.to_qk.weight)) and np.any(grad.to_qk.weight != 0)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         ea.nn.SpinTransformerAttention(10, 3, key=jr.key(0))
@@ -275,10 +307,17 @@ def _layer_loss(layer, W, x):
 def _layer_gradients(tight, unrolled, W, x, dW, dx):
     """Gradients (W, x) of both layers and a central difference of the tight one along
     (dW, dx). Module level: compiled once for every seed."""
-    grads = [jax.grad(_layer_loss, argnums=(1, 2))(layer, W, x) for layer in (tight, unrolled)]
     h = 1e-5
-    f = lambda t: _layer_loss(tight, W + t * dW, x + t * dx)  # noqa: E731
-    return grads, (f(h) - f(-h)) / (2 * h)
+    # The tight layer's gradient at (W, x) and its loss at (W, x) +- h (dW, dx): one vmapped
+    # solve.
+    values, tight_grads = jax.vmap(
+        lambda t: jax.value_and_grad(_layer_loss, argnums=(1, 2))(tight, W + t * dW, x + t * dx)
+    )(h * AT_AND_AROUND)
+    grads = [
+        jax.tree.map(lambda g: g[0], tight_grads),
+        jax.grad(_layer_loss, argnums=(1, 2))(unrolled, W, x),
+    ]
+    return grads, (values[1] - values[2]) / (2 * h)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -304,5 +343,5 @@ def test_layer_gradients_implicit_unrolled_finite_differences(seed):
     )
     for a, b in zip(implicit, unrolled_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-11)
-    directional = jnp.sum(implicit[0] * dW) + jnp.sum(implicit[1] * dx)
+    directional = np.sum(implicit[0] * dW) + np.sum(implicit[1] * dx)
     np.testing.assert_allclose(directional, fd, rtol=1e-7)

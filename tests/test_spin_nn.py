@@ -44,6 +44,7 @@ def test_attention_fixture():
     assert float(f["ln_eps"]) == 1e-5
     layer = reference_layer(f)
     out, solution, fields, value, grad_layer, grad_x = forward_and_gradients(layer, f["x"])
+    out, fields = np.asarray(out), np.asarray(fields)
     assert rel(fields, f["h"]) < 1e-12
     assert rel(out, f["out_autograd"]) < 1e-9
     assert rel(solution.value, f["t_star"]) < 1e-9 and np.all(solution.converged)
@@ -53,7 +54,7 @@ def test_attention_fixture():
     assert rel(grad_layer.norm.weight, f["grad_outsq_ln_weight_autograd"]) < 1e-7
     assert rel(grad_layer.norm.bias, f["grad_outsq_ln_bias_autograd"]) < 1e-7
     # The output is the magnetizations of the fields: (beta/2) V^-1 H at t*.
-    V = np.diag(np.asarray(solution.value[0])) - np.asarray(ea.spin.symmetric_couplings(f["J_raw"]))
+    V = np.diag(np.asarray(solution.value)[0]) - np.asarray(ea.spin.symmetric_couplings(f["J_raw"]))
     assert rel(out[0], 0.5 * np.linalg.solve(V, fields[0])) < 1e-12
 
 

@@ -56,9 +56,10 @@ def test_schedule_is_valid_for_every_step_count():
         )
         params = {"w": jnp.zeros(())}
         state = optimizer.init(params)
+        update = jax.jit(optimizer.update)  # one compiled update, not op by op
         sizes = []
         for _ in range(num_steps):
-            updates, state = optimizer.update({"w": jnp.ones(())}, state, params)
+            updates, state = update({"w": jnp.ones(())}, state, params)
             sizes.append(-float(updates["w"]))
         # The warm-up is clamped below num_steps: the peak is reached, one step runs at it.
         assert max(sizes) == pytest.approx(1.0, rel=1e-3), (num_steps, warmup, sizes)
