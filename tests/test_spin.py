@@ -520,3 +520,21 @@ def test_float32_converges_with_default_tolerance():
         step = np.linalg.solve(A * (0.5 * A + 0.5 * X @ X.T), grad)
         assert np.sqrt(np.mean(step**2)) < 1.5 * tol * np.sqrt(np.mean(t64**2))
         assert np.max(np.abs(grad)) < 5e-5  # measured in float64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_start_at_the_wall_of_the_domain_still_reaches_the_saddle(dtype):
+    """Started where V = diag(t0) - J has its smallest eigenvalue at 1e-3, phi is far above
+    its saddle value and Newton's first steps are tiny but growing (the barrier pushes it
+    out). They are not round-off: the solve must go on to t*, not stop
+    there and call it converged (float32 had stopped after one step).
+    The default start of the docs' 4-spin example at beta = 1.4 is 0.012 from the wall."""
+    J, H = problem(seed=0)
+    t_star = np.asarray(solve(J, H, 1.0).value)
+    wall = np.linalg.eigvalsh(J)[-1] + 1e-3  # V = (wall) I - J: smallest eigenvalue 1e-3
+    J, H = J.astype(dtype), H.astype(dtype)
+    sol = eqx.filter_jit(sp.saddle_point)(J, H, dtype(1.0), t0=np.full(5, wall, dtype))
+    assert sol.value.dtype == dtype and sol.result == ea.RESULTS.successful
+    assert sol.num_steps > 5  # it had to walk away from the wall
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(sol.value, t_star, rtol=tol)

@@ -200,8 +200,13 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         direction, slope, memory, positive = self.propose(problem, point, args, state, unrolled)
         size = rms(direction)
         tol = atol + rtol * rms(point.y)
-        # Quadratic (or superlinear) convergence that has hit round-off stops shrinking.
-        floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size)
+        # Quadratic (or superlinear) convergence that has hit round-off stops shrinking, and
+        # its steps no longer lower the merit beyond round-off. (Small steps that grow while
+        # the merit falls are Newton leaving the wall of a barrier, far from the solution:
+        # spin.saddle_point started 0.01 from the edge of its domain had stopped there.)
+        roundoff = jnp.sqrt(float(jnp.finfo(y.dtype).eps))
+        flat = state.point.f - point.f <= roundoff * jnp.maximum(state.point.scale, point.scale)
+        floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size) & flat
         near = (size <= tol) | (state.started & floor)
         finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
         start_value = jnp.where(state.started, state.start_value, point.f)
