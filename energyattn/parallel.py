@@ -392,7 +392,9 @@ def ring_hopfield_energy(
     - `beta`: inverse temperature $\beta > 0$.
     - `mask`: optional boolean `(seq, mem)`, `True` where query $i$ may attend to memory
       $j$ (causal, padding, ...); split by rows like the queries.
-    - `block_size`: memories per block of each device's online pass (default 256).
+    - `block_size`: memories per block of each device's passes (default: as one device
+      would take for all the queries, see
+      [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     **Returns:**
 

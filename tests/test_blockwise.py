@@ -25,10 +25,18 @@ def assert_trees_close(a, b, rtol=1e-10, atol=1e-10):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("exclude_self", [False, True])
-def test_blockwise_value_gradient_and_second_derivative_equal_naive(getkey, masked, exclude_self):
-    # 11 keys in blocks of 4: the last block is padded; row 3 has nothing to attend to.
+@pytest.mark.parametrize(
+    "masked, exclude_self, block_size",
+    [(False, False, 4), (True, False, 4), (False, True, 4), (True, True, 4), (True, True, None)],
+)
+def test_blockwise_value_gradient_and_second_derivative_equal_naive(
+    getkey, monkeypatch, masked, exclude_self, block_size
+):
+    # 11 keys in blocks of 4: the last block is padded; row 3 has nothing to attend to. With
+    # the default blocks (made 6 here) the forward takes blocks of 6 keys and the derivatives'
+    # passes blocks of 3: every pass pads its last block differently.
+    monkeypatch.setattr(_attention_lse, "DEFAULT_BLOCK_SIZE", 6)
+    assert _attention_lse.block_sizes(11, block_size) == ((4, 4) if block_size else (6, 3))
     q, k = jr.normal(getkey(), (11, 5)), jr.normal(getkey(), (11, 5))
     beta = np.asarray(0.8)
     mask = None
@@ -39,7 +47,8 @@ def test_blockwise_value_gradient_and_second_derivative_equal_naive(getkey, mask
     weights = jr.normal(getkey(), (11,))
 
     def loss(q, k, beta, method):
-        return jnp.sum(weights * jnp.sin(lse(q, k, beta, mask, exclude_self, method)))
+        rows = lse(q, k, beta, mask, exclude_self, method, block_size)
+        return jnp.sum(weights * jnp.sin(rows))
 
     def outer(q, k, beta, method):
         grads = jax.grad(loss, argnums=(0, 1))(q, k, beta, method)
@@ -53,8 +62,10 @@ def test_blockwise_value_gradient_and_second_derivative_equal_naive(getkey, mask
         # value, gradient, gradient of a function of the gradient, by each method
         results = {m: [f(q, k, beta, m) for f in (loss, g, g2)] for m in ("naive", "blockwise")}
         # the blockwise rows and the force on the queries (for the empty row)
-        rows = lse(q, k, beta, mask, exclude_self, "blockwise")
-        dq = jax.grad(lambda q: jnp.sum(lse(q, k, beta, mask, exclude_self, "blockwise")))(q)
+        rows = lse(q, k, beta, mask, exclude_self, "blockwise", block_size)
+        dq = jax.grad(
+            lambda q: jnp.sum(lse(q, k, beta, mask, exclude_self, "blockwise", block_size))
+        )(q)
         return results, rows, dq
 
     results, values, dq = jax.device_get(run(q, k, beta))

@@ -64,8 +64,9 @@ def hopfield_energy(
     - `mask`: optional boolean `(seq, mem)`; `True` where query $i$ may attend to memory $j$.
     - `implementation`: `"auto"`, `"naive"`, `"blockwise"` or `"cudnn"`, as in
       [`attention_logsumexp`][energyattn.attention_logsumexp].
-    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
-      queries).
+    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
+      128 beyond 4096 queries, and half that in the derivatives' passes; see
+      [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     **Returns:**
 

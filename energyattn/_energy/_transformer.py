@@ -64,8 +64,9 @@ def transformer_attention_energy(
       `"naive"` or `"blockwise"`, as in
       [`attention_logsumexp`][energyattn.attention_logsumexp]: the blockwise path never holds
       a `(seq, seq)` matrix, and excludes the diagonal without building a mask.
-    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
-      queries).
+    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
+      128 beyond 4096 queries, and half that in the derivatives' passes; see
+      [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     **Returns:**
 

@@ -42,8 +42,9 @@ class HopfieldAttention(eqx.Module):
       above $2^{17}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
       GPUs in half precision), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`attention_logsumexp`][energyattn.attention_logsumexp].
-    - `block_size`: keys per block of the blockwise path (default 256, 128 beyond 4096
-      queries).
+    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
+      128 beyond 4096 queries, and half that in the derivatives' passes; see
+      [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     ??? cite "Source"
 
