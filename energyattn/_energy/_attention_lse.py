@@ -56,8 +56,8 @@ LONG_SEQUENCE = 4096
 #: and two elementwise passes over a `(seq, block)` matrix against the forward's two and one,
 #: so it holds more in the cache at once. On a CPU core (training step, head size 64, one
 #: machine's matrix-product roofline measured in the same run) 128-key backward blocks took
-#: seq 4096 from 80% to 85% of the roofline at 1 head and from 78% to 81% at 8 heads, 64-key
-#: blocks seq 8192 from 71% to 73%; level at seq 1024 (82%) and seq 2048 with 8 heads (85%).
+#: seq 4096 from 80% to 85% of the roofline at 1 head and 2-4 points higher at 8 heads, 64-key
+#: blocks seq 8192 1.5 points; level at seq 1024 (82%) and seq 2048 with 8 heads (85%).
 BACKWARD_BLOCK_DIVISOR = 2
 
 _CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
