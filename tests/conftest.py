@@ -51,6 +51,7 @@ if _NO_OPT.upper() not in os.environ and not any(
         os.environ["XLA_FLAGS"] = _fast
         os.environ[_NO_OPT.upper()] = "1"
 
+import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
 import jaxtyping  # noqa: E402
@@ -106,6 +107,29 @@ def getkey():
         return sub
 
     return _getkey
+
+
+def _train_in_scan(loss, model, optim, num_steps):
+    """`num_steps` steps of the optax optimiser `optim` on `loss(model)`, all inside one
+    `lax.scan` (one compiled loop when called under `eqx.filter_jit`); the trained model."""
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def step(carry, _):
+        params, state = carry
+        model = eqx.combine(params, static)
+        grads = eqx.filter_grad(loss)(model)
+        updates, state = optim.update(grads, state, eqx.filter(model, eqx.is_inexact_array))
+        return (eqx.filter(eqx.apply_updates(model, updates), eqx.is_array), state), None
+
+    state = optim.init(eqx.filter(model, eqx.is_inexact_array))
+    (params, _), _ = jax.lax.scan(step, (params, state), length=num_steps)
+    return eqx.combine(params, static)
+
+
+@pytest.fixture
+def train_in_scan():
+    """Return a function that trains a model with optax in one `lax.scan`."""
+    return _train_in_scan
 
 
 @pytest.fixture

@@ -112,7 +112,7 @@ def test_composed_energies_are_pytrees_under_jit_vmap_grad(parts, getkey):
     np.testing.assert_allclose(grads.terms[1].scale, v_quad, rtol=1e-13)
 
 
-def test_optax_trains_composed_energy_parameters(getkey):
+def test_optax_trains_composed_energy_parameters(getkey, train_in_scan):
     """An optax optimiser fits the parameters of a composed energy (scale and memories)."""
     target_memory = jr.normal(getkey(), (4, 3))
     queries = jr.normal(getkey(), (16, 3))
@@ -124,10 +124,9 @@ def test_optax_trains_composed_energy_parameters(getkey):
         }
     )
     optim = optax.adam(5e-2)
-    state = optim.init(eqx.filter(energy, eqx.is_inexact_array))
 
     @eqx.filter_jit
-    def train(energy, state, target_memory, queries):
+    def train(energy, target_memory, queries):
         """The loss before and after 150 optimiser steps, all in one compiled program."""
         # Retrieval targets: one modern-Hopfield step on the target memory.
         targets = ea.descend(
@@ -138,20 +137,10 @@ def test_optax_trains_composed_energy_parameters(getkey):
             out = ea.descend(energy, queries, step_size=0.5, num_steps=3).value
             return jnp.mean((out - targets) ** 2)
 
-        params, static = eqx.partition(energy, eqx.is_array)
-
-        def step(carry, _):
-            params, state = carry
-            energy = eqx.combine(params, static)
-            grads = eqx.filter_grad(loss)(energy)
-            updates, state = optim.update(grads, state, eqx.filter(energy, eqx.is_inexact_array))
-            return (eqx.filter(eqx.apply_updates(energy, updates), eqx.is_array), state), None
-
-        (params, _), _ = jax.lax.scan(step, (params, state), length=150)
-        trained = eqx.combine(params, static)
+        trained = train_in_scan(loss, energy, optim, 150)
         return loss(energy), trained, loss(trained)
 
-    first, energy, last = train(energy, state, target_memory, queries)
+    first, energy, last = train(energy, target_memory, queries)
     assert last < 0.2 * first
     # The scale of the ridge term was trained too (it started at 0.1).
     assert not np.isclose(energy.terms[1].scale, 0.1)
