@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 import energyattn as ea
-from energyattn._energy import _attention_lse
+from energyattn._energy import _attention
+from energyattn._energy._attention import _cudnn, _derivatives, _policy
 
 
 def lse(q, k, beta, mask, exclude_self, method, block_size=4):
-    return _attention_lse.lse_rows(q, k, beta, mask, exclude_self, method, block_size)
+    return _attention.lse_rows(q, k, beta, mask, exclude_self, method, block_size)
 
 
 def assert_trees_close(a, b, rtol=1e-10, atol=1e-10):
@@ -35,8 +36,8 @@ def test_blockwise_value_gradient_and_second_derivative_equal_naive(
     # 11 keys in blocks of 4: the last block is padded; row 3 has nothing to attend to. With
     # the default blocks (made 6 here) the forward takes blocks of 6 keys and the derivatives'
     # passes blocks of 3: every pass pads its last block differently.
-    monkeypatch.setattr(_attention_lse, "DEFAULT_BLOCK_SIZE", 6)
-    assert _attention_lse.block_sizes(11, block_size) == ((4, 4) if block_size else (6, 3))
+    monkeypatch.setattr(_policy, "DEFAULT_BLOCK_SIZE", 6)
+    assert _policy.block_sizes(11, block_size) == ((4, 4) if block_size else (6, 3))
     q, k = jr.normal(getkey(), (11, 5)), jr.normal(getkey(), (11, 5))
     beta = np.asarray(0.8)
     mask = None
@@ -224,20 +225,19 @@ def test_auto_dispatch():
 
 def test_layers_pick_blockwise_above_the_threshold(monkeypatch, getkey):
     calls = []
-    original = _attention_lse._blockwise_forward
+    original = _derivatives.run_forward
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(args[0].shape)
-        return original(*args)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(_attention_lse, "_blockwise_forward", spy)
-    monkeypatch.setattr(_attention_lse, "_FUSED", {})
+    monkeypatch.setattr(_derivatives, "run_forward", spy)
     x = jr.normal(getkey(), (16, 4))
     layer = ea.nn.HopfieldAttention(4, num_heads=2, key=getkey())
     # The implementation is picked while the layer is traced: each call traces it anew.
     eqx.filter_jit(lambda layer, x: layer(x))(layer, x)
     assert calls == []  # 2 x 16 x 16 = 512 entries: naive
-    monkeypatch.setattr(_attention_lse, "BLOCKWISE_THRESHOLD", 511)
+    monkeypatch.setattr(_policy, "BLOCKWISE_THRESHOLD", 511)
     eqx.filter_jit(lambda layer, x: layer(x))(layer, x)
     assert calls and set(calls) == {(16, 2)}  # one head's queries, traced under vmap
 
@@ -245,8 +245,7 @@ def test_layers_pick_blockwise_above_the_threshold(monkeypatch, getkey):
 def test_fused_kernel_wiring_with_the_xla_kernel(monkeypatch, getkey):
     # cuDNN needs a GPU; the same code path (layouts, the float32 log-sum-exp, the keys'
     # cotangent through the kernel's vjp) runs here through the "xla" implementation.
-    monkeypatch.setattr(_attention_lse, "_FUSED_KERNEL", "xla")
-    monkeypatch.setattr(_attention_lse, "_FUSED", {})
+    monkeypatch.setattr(_cudnn, "FUSED_KERNEL", "xla")
     q = jr.normal(getkey(), (8, 16), jnp.float32)
     k = jr.normal(getkey(), (12, 16), jnp.float32)
     beta = jnp.asarray(0.3, jnp.float32)

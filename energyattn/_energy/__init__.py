@@ -1,6 +1,6 @@
 # The energies' interface to the rest of the package (solvers, spin model, layers); not
 # re-exported by `energyattn` itself.
-from ._attention_lse import (
+from ._attention import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     Implementation as Implementation,
     attention_logsumexp as attention_logsumexp,

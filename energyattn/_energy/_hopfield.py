@@ -11,7 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
 from .._sharding import split_rows
-from ._attention_lse import (
+from ._attention import (
     Implementation,
     check_implementation,
     lse_rows,

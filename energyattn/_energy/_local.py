@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from .._checks import check_finite, check_positive, check_shape, concrete_value, shape_str
 from .._custom_types import Scalar, ScalarLike
 from .._sharding import explicit_sequence_axis, like_rows
-from ._attention_lse import masked_logsumexp
+from ._attention import masked_logsumexp
 from ._base import AbstractEnergy
 
 

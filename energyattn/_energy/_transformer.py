@@ -9,7 +9,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
-from ._attention_lse import (
+from ._attention import (
     Implementation,
     check_implementation,
     lse_rows,

@@ -1,0 +1,18 @@
+"""The attention log-sum-exp, one room per concept: which implementation runs (`_policy`),
+the naive path (`_naive`), the blockwise passes (`_blocks`), where they run (`_passes`: one
+device, `_ring`: over devices, `_cudnn`: the fused kernel), their derivatives
+(`_derivatives`) and the entry points (`_logsumexp`)."""
+
+from ._logsumexp import (
+    attention_logsumexp as attention_logsumexp,
+    lse_rows as lse_rows,
+    ring_lse as ring_lse,
+)
+from ._naive import masked_logsumexp as masked_logsumexp
+from ._policy import (
+    BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
+    Implementation as Implementation,
+    check_implementation as check_implementation,
+    resolve_block_size as resolve_block_size,
+    select_implementation as select_implementation,
+)

@@ -1,0 +1,171 @@
+"""The attention log-sum-exp every softmax energy is made of: the entry points."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, Mesh
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from ..._checks import check_mask, check_matching_dim, check_positive
+from ..._custom_types import ScalarLike
+from ..._sharding import axis_size, explicit_sequence_axis, split_rows
+from ._derivatives import attention_forward
+from ._naive import naive_lse
+from ._passes import Config
+from ._policy import Implementation, block_sizes, resolve_block_size, select_implementation
+from ._ring import RingAxis
+
+
+def _config(method, exclude_self, blocks, keys, ring=None):
+    # Blocks no longer than the keys of one pass (less padding, same result). Accelerators
+    # want the heads batched (more parallel work per kernel); a CPU core wants one head's
+    # blocks in its cache at a time.
+    forward, passes = (min(size, keys) for size in blocks)
+    heads_in_turn = jax.default_backend() == "cpu"
+    return Config(method, exclude_self, forward, passes, ring, heads_in_turn)
+
+
+def lse_rows(
+    q: Float[Array, "seq dim"],
+    k: Float[Array, "mem dim"],
+    beta: Float[Array, ""],
+    mask: Bool[Array, "seq mem"] | None,
+    exclude_self: bool,
+    method: str,
+    block_size: int | None,
+    ring: tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None = None,
+) -> Float[Array, " seq"]:
+    """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
+    over heads by the energies). `beta` must already be in the accumulation dtype;
+    `block_size=None` picks the blocks by the number of queries (`block_sizes`).
+
+    With `ring = (mesh, axis)`, or when the keys arrive split along their sequence over an
+    `Explicit` mesh axis (`jax.typeof(k).sharding`), the rows are computed context-parallel
+    by `ring_lse`, whatever `method` says."""
+    if k.shape[0] == 0:
+        # An empty memory: every row is an empty sum, whose log-sum-exp is defined as 0 (the
+        # rule of a fully masked row), not log(0) = -inf.
+        return jnp.zeros((q.shape[0],), beta.dtype)
+    ring = explicit_sequence_axis(k) if ring is None else ring
+    # The default is set by all the queries, on the ring too: the same blocks as one device.
+    blocks = block_sizes(q.shape[0], block_size)
+    if ring is not None:
+        return ring_lse(q, k, beta, mask, exclude_self, blocks, *ring)
+    if method == "naive":
+        return naive_lse(q, k, beta, mask, exclude_self)
+    config = _config(method, exclude_self, blocks, k.shape[0])
+    return attention_forward(q, k, beta, mask, config)[0]
+
+
+def ring_lse(
+    q: Float[Array, "seq dim"],
+    k: Float[Array, "mem dim"],
+    beta: Float[Array, ""],
+    mask: Bool[Array, "seq mem"] | None,
+    exclude_self: bool,
+    blocks: tuple[int, int],
+    mesh: Mesh | AbstractMesh,
+    axis: str | tuple[str, ...],
+) -> Float[Array, " seq"]:
+    """The log-sum-exp rows context-parallel: queries, keys and the mask's rows split along
+    the sequence over the mesh axis `axis`, key chunks passed round the ring. The same
+    derivative rules as the blockwise path, each pass a `jax.shard_map` of its ring loop:
+    the same values and derivatives, in both modes and to any order, as one device."""
+    # Everything around the ring (the energy's other terms, the gradients' scalings) is
+    # split along the sequence too.
+    q, k = (
+        split_rows(q, mesh, axis, "queries' sequence"),
+        split_rows(k, mesh, axis, "keys' sequence"),
+    )
+    mask = None if mask is None else split_rows(mask, mesh, axis, "mask's query")
+    size = axis_size(mesh, axis)
+    ring = RingAxis(mesh, axis, size)
+    config = _config("blockwise", exclude_self, blocks, k.shape[0] // size, ring)
+    return attention_forward(q, k, beta, mask, config)[0]
+
+
+def attention_logsumexp(
+    query: Float[ArrayLike, "seq dim"],
+    keys: Float[ArrayLike, "mem dim"],
+    *,
+    beta: ScalarLike = 1.0,
+    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    exclude_self: bool = False,
+    implementation: Implementation = "auto",
+    block_size: int | None = None,
+) -> Float[Array, " seq"]:
+    r"""Row-wise attention log-sum-exp, the building block of the softmax energies.
+
+    $$\operatorname{lse}_i = \log \sum_{j:\,\mathrm{allowed}_{ij}} e^{\beta\, q_i\cdot k_j},
+      \qquad \frac{\partial \operatorname{lse}_i}{\partial q_i}
+      = \beta \sum_j \mathrm{softmax}_j(\beta\, q_i\cdot k_j)\, k_j$$
+
+    All implementations give the same values and derivatives (to rounding), in forward and
+    reverse mode and to any order (`jax.grad`, `jax.jvp`, `jax.linearize`, `jax.hessian`,
+    and every composition); they differ in time and memory. `"blockwise"` never holds a
+    `(seq, mem)` matrix: its forward is a single online pass over blocks of keys that also
+    accumulates the attention output $o_i = \sum_j p_{ij} k_j$, and it is a `jax.custom_jvp`
+    whose tangent
+
+    $$\dot{\operatorname{lse}}_i = (\beta\dot q_i + \dot\beta q_i)\cdot o_i
+      + \beta\, q_i\cdot \sum_j p_{ij}\, \dot k_j$$
+
+    is another blockwise pass (attention with the keys' tangent as values). Reverse mode is
+    that tangent transposed, and every pass that appears in a derivative of any order is
+    again blockwise, so gradients, JVPs, Hessian-vector products and third derivatives all
+    keep O(seq) memory (`_attention/_derivatives.py`).
+
+    A row with nothing allowed has an empty sum, defined as 0 (no force); so has every row
+    when there are no keys at all (`mem = 0`). Scores accumulate in at least float32.
+
+    **Arguments:**
+
+    - `query`: $q$, shape `(seq, dim)`.
+    - `keys`: $k$, shape `(mem, dim)`.
+    - `beta`: inverse temperature $\beta > 0$.
+    - `mask`: optional boolean `(seq, mem)`, `True` where $q_i$ may attend to $k_j$.
+    - `exclude_self`: also disallow $j = i$ (self-attention energies; needs `seq == mem`),
+      without building a `(seq, seq)` mask.
+    - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
+      [`select_implementation`][energyattn.select_implementation].
+      `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
+      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{17}$ score entries, naive below.
+    - `block_size`: keys per block of every blockwise pass. By default the forward takes
+      256 (128 beyond 4096 queries) and the passes of the derivatives, which recompute the
+      probabilities, half that.
+
+    **Returns:**
+
+    The log-sum-exp of every query, shape `(seq,)`.
+
+    ??? cite "Source"
+
+        The energy is M. Bal's log-sum-exp (*An Energy-Based Perspective on Attention
+        Mechanisms in Transformers*, 2020); the online log-sum-exp and recomputing passes
+        follow T. Dao et al., *FlashAttention* (2022).
+    """
+    check_matching_dim("query", query, "seq dim", "keys", keys, "mem dim")
+    seq, dim = jnp.shape(query)
+    mem = jnp.shape(keys)[0]
+    if exclude_self and seq != mem:
+        raise ValueError(f"exclude_self needs as many queries as keys, got {seq} and {mem}")
+    beta = check_positive("beta", beta)
+    query, keys = jnp.asarray(query), jnp.asarray(keys)
+    if mask is not None:
+        mask = check_mask(mask, (seq, mem), "seq mem")
+    method = select_implementation(
+        implementation,
+        entries=seq * mem,
+        dtype=jnp.result_type(query, keys),
+        head_dim=dim,
+        structured_mask=mask is not None or exclude_self,
+    )
+    acc = jnp.promote_types(jnp.result_type(query, keys), jnp.float32)
+    return lse_rows(
+        query,
+        keys,
+        beta.astype(acc),
+        mask,
+        bool(exclude_self),
+        method,
+        resolve_block_size(block_size),
+    )

@@ -1,0 +1,120 @@
+"""Where the blockwise passes run: on one device (a vmap over heads run head by head on a
+CPU), round the ring of devices, or partly in cuDNN's fused kernel.
+
+`run_forward` and `run_terms` are the only entry points of the derivative rules
+(`_derivatives.py`): they take whole (global) arrays, and are never differentiated
+themselves -- every derivative is a rule that calls them again.
+"""
+
+from typing import NamedTuple
+
+import jax
+
+from . import _cudnn
+from ._blocks import Term, forward_chunk, forward_finish, forward_init, terms_chunk, terms_init
+from ._ring import RingAxis, ring_forward, ring_terms
+
+
+class Config(NamedTuple):
+    """The static configuration of one log-sum-exp: `method` (`"blockwise"` or `"cudnn"`),
+    the excluded diagonal, keys per block of the forward pass and of the derivatives'
+    passes, the ring (or `None`), and whether a vmap over heads runs head by head."""
+
+    method: str
+    exclude_self: bool
+    block_size: int
+    pass_block_size: int
+    ring: RingAxis | None
+    heads_in_turn: bool
+
+
+def _in_turn(fn, *args):
+    """`fn(*args)`, where a `jax.vmap` over it runs as a loop over the batch (the heads)
+    instead of batched products: on a CPU a batched pass's `(heads, seq, block)` blocks no
+    longer fit in the cache, and each elementwise step over them goes to memory
+    (`benchmarks/README.md`). Arguments that are not batched are closed over, not copied per
+    head. Only ever evaluated, never differentiated (`jax.custom_batching.custom_vmap` has no
+    derivative rules; the derivative rules call the passes anew)."""
+    leaves, tree = jax.tree.flatten(args)
+
+    @jax.custom_batching.custom_vmap
+    def looped(*leaves):
+        return fn(*jax.tree.unflatten(tree, leaves))
+
+    @looped.def_vmap
+    def _(axis_size, in_batched, *leaves):
+        batched = [x for x, b in zip(leaves, in_batched, strict=True) if b]
+
+        def one(xs):
+            xs = iter(xs)
+            return looped(*[next(xs) if b else x for x, b in zip(leaves, in_batched, strict=True)])
+
+        out = jax.lax.map(one, batched)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return looped(*leaves)
+
+
+def run_forward(q, k, beta, mask, config: Config):
+    """The log-sum-exp rows and the attention output $\\sum_j p_{ij} k_j$."""
+    if config.ring is not None:
+        return ring_forward(config.ring, q, k, beta, mask, config.exclude_self, config.block_size)
+
+    def one_device(q, k, beta, mask):
+        init = forward_init(q, beta.dtype)
+        carry = forward_chunk(q, k, beta, mask, config.exclude_self, config.block_size, init)
+        lse, out = forward_finish(carry)
+        if config.method == "cudnn":
+            # The fused kernel's own log-sum-exp comes back in the inputs' half precision, so
+            # the value is the float32 online pass's; when only the output is used, XLA drops
+            # that pass's output products.
+            out = _cudnn.fused_rows(q, k, beta, k)
+        return lse, out
+
+    if config.heads_in_turn:
+        return _in_turn(one_device, q, k, beta, mask)
+    return one_device(q, k, beta, mask)
+
+
+def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Config):
+    """The terms' sums (see `_blocks.terms_chunk`), in the order of `terms`."""
+    if config.ring is not None:
+        rows, cols = ring_terms(
+            config.ring,
+            q,
+            k,
+            beta,
+            lse,
+            mask,
+            dict(enumerate(arrays)),
+            terms,
+            config.exclude_self,
+            config.pass_block_size,
+        )
+        return _in_order(terms, rows, cols)
+
+    def one_device(q, k, beta, lse, mask, arrays):
+        fused = {}
+        if config.method == "cudnn":
+            # Plain (unweighted) terms through the fused kernel.
+            for t, term in enumerate(terms):
+                if not term.factors:
+                    run = _cudnn.fused_rows if term.row else _cudnn.fused_columns
+                    fused[t] = run(q, k, beta, arrays[term.value])
+        rest = tuple(term for t, term in enumerate(terms) if t not in fused)
+        acc = beta.dtype
+        table = dict(enumerate(arrays))
+        init = terms_init(q.shape[0], table, rest, acc)
+        args = (q, k, beta, lse, mask, table, rest, config.exclude_self, config.pass_block_size)
+        rows, cols = terms_chunk(*args, init) if rest else ((), ())
+        blockwise = iter(_in_order(rest, rows, cols))
+        return tuple(fused[t] if t in fused else next(blockwise) for t in range(len(terms)))
+
+    if config.heads_in_turn:
+        return _in_turn(one_device, q, k, beta, lse, mask, tuple(arrays))
+    return one_device(q, k, beta, lse, mask, tuple(arrays))
+
+
+def _in_order(terms, rows, cols):
+    rows, cols = iter(rows), iter(cols)
+    return tuple(next(rows) if t.row else next(cols) for t in terms)
