@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
-from ._sharding import explicit_sequence_axis
+from ._sharding import explicit_sequence_axis, in_sequence_parallel
 
 
 def shape_str(shape: tuple[int, ...]) -> str:
@@ -144,6 +144,8 @@ def check_positive(name: str, value: Any) -> Array:
 
 
 def _is_split(x: Any) -> bool:
+    if in_sequence_parallel():
+        return True
     return any(explicit_sequence_axis(leaf) is not None for leaf in jax.tree.leaves(x))
 
 

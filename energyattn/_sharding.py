@@ -1,16 +1,59 @@
-"""Arrays split along their sequence over an `Explicit` mesh axis (context parallelism).
+"""Arrays split along their sequence over a mesh axis (context parallelism).
 
-With an `Explicit` mesh axis every array's sharding is part of its type
-(`jax.typeof(x).sharding`); these helpers read it so that the attention log-sum-exp can run
-the ring when its keys are split along the sequence, and so that arrays mapped over together
-are split alike.
+A sequence is known to be split in one of two ways. Inside
+[`ea.parallel.context_parallel`][energyattn.parallel.context_parallel] (and the
+sequence-parallel training step), a context (`sequence_parallel`) names the mesh axis while
+the function is traced: every attention log-sum-exp whose queries and keys divide evenly
+over it runs on the ring, and the compiler (GSPMD, `Auto` axes) splits everything else. With
+an `Explicit` mesh axis, in the user's own code under `jax.set_mesh`, every array's sharding
+is part of its type (`jax.typeof(x).sharding`), and the helpers here read it.
 """
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array
+
+# The mesh axis the sequences are split over while a context-parallel function is traced.
+_SEQUENCE_AXIS: contextvars.ContextVar[tuple[Mesh, str | tuple[str, ...]] | None] = (
+    contextvars.ContextVar("sequence_axis", default=None)
+)
+
+
+@contextlib.contextmanager
+def sequence_parallel(mesh: Mesh, axis: str | tuple[str, ...]) -> Iterator[None]:
+    """While tracing within this block, attention over sequences that divide evenly over the
+    mesh axis `axis` runs on the ring (context parallelism)."""
+    token = _SEQUENCE_AXIS.set((mesh, axis))
+    try:
+        yield
+    finally:
+        _SEQUENCE_AXIS.reset(token)
+
+
+def in_sequence_parallel() -> bool:
+    """Whether a context-parallel function is being traced (`sequence_parallel`)."""
+    return _SEQUENCE_AXIS.get() is not None
+
+
+def sequence_axis(
+    *arrays: Array,
+) -> tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None:
+    """`(mesh, axis)` when the arrays' sequences are split over a mesh axis: from the last
+    array's `Explicit` type, or from an enclosing `sequence_parallel` when every array's
+    leading length divides evenly over the axis; else `None`."""
+    found = explicit_sequence_axis(arrays[-1])
+    if found is not None:
+        return found
+    context = _SEQUENCE_AXIS.get()
+    if context is None:
+        return None
+    size = axis_size(*context)
+    return context if all(a.shape[0] % size == 0 for a in arrays) else None
 
 
 def explicit_sequence_axis(

@@ -47,6 +47,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 from ._checks import positive_int, shape_str
 from ._custom_types import Scalar, ScalarLike
 from ._energy import ring_hopfield_energy as _ring_hopfield_energy
+from ._sharding import sequence_parallel
 from ._train import train_step
 
 METHODS = ("jit", "shard_map")
@@ -80,22 +81,41 @@ def make_mesh(
     )
 
 
-def _axis(mesh: Mesh) -> str:
+def _auto(mesh: Mesh) -> Mesh:
+    # The same devices and axes typed `Auto` (`jax.make_mesh` makes `Explicit` ones by
+    # default): the compiler places everything from sharding annotations, eagerly or inside
+    # any `jax.jit` or `jax.grad`, with no mesh context to enter.
+    return Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names),
+    )
+
+
+def _axis(mesh: Mesh, axis: str | None = None, what: str = "axis") -> str:
+    """`axis` when the mesh has it, else the mesh's only axis."""
+    if axis is not None:
+        if axis not in mesh.axis_names:
+            raise ValueError(
+                f"{what}={axis!r} is not an axis of the mesh, whose axes are "
+                f"{tuple(mesh.axis_names)}"
+            )
+        return axis
     if len(mesh.axis_names) != 1:
         raise ValueError(
-            f"expected a one-axis (data-parallel) mesh, got axes {tuple(mesh.axis_names)}"
+            f"expected a one-axis mesh, got axes {tuple(mesh.axis_names)}: name the {what}"
         )
     return mesh.axis_names[0]
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The sharding that splits an array's leading (batch) axis over the mesh."""
-    return NamedSharding(mesh, PartitionSpec(_axis(mesh)))
+    """The sharding that splits an array's leading (batch) axis over a one-axis mesh."""
+    return NamedSharding(_auto(mesh), PartitionSpec(_axis(mesh)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     """The sharding that keeps a full copy on every device of the mesh."""
-    return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(_auto(mesh), PartitionSpec())
 
 
 def _check_batch(tree: PyTree, num_devices: int, what: str = "batch") -> None:
@@ -125,9 +145,11 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
     return eqx.combine(jax.device_put(arrays, replicated(mesh)), static)
 
 
-def _vmapped(fn: Callable) -> Callable:
+def _vmapped(fn: Callable, axis: str | None = None) -> Callable:
+    # `spmd_axis_name`: the batch's own axis stays split over the mesh axis inside, also
+    # under the sharding annotations of the function (the ring of a sequence-parallel loss).
     def batched(module: Any, *batch: Any) -> Any:
-        return jax.vmap(lambda *example: fn(module, *example))(*batch)
+        return jax.vmap(lambda *example: fn(module, *example), spmd_axis_name=axis)(*batch)
 
     return batched
 
@@ -157,7 +179,8 @@ def data_parallel(fn: Callable, mesh: Mesh, *, method: str = "jit") -> Callable:
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    _axis(mesh)
+    _axis(mesh, what="batch axis")
+    mesh = _auto(mesh)
     run = _run_jit if method == "jit" else _run_shard_map
 
     def call(module: Any, *batch: Any) -> Any:
@@ -172,7 +195,7 @@ def data_parallel(fn: Callable, mesh: Mesh, *, method: str = "jit") -> Callable:
 def _run_jit(fn: Callable, mesh: Mesh, module: Any, *batch: Any) -> Any:
     # The inputs arrive sharded (batch) and replicated (module); the constraint pins the
     # outputs' batch axis to the mesh too, and GSPMD partitions everything in between.
-    out = _vmapped(fn)(module, *batch)
+    out = _vmapped(fn, _axis(mesh))(module, *batch)
     return jax.lax.with_sharding_constraint(out, batch_sharding(mesh))
 
 
@@ -221,9 +244,15 @@ def pmap_apply(fn: Callable, module: Any, *batch: Any, devices: Sequence[Any] | 
 
 
 def sharded_train_step(
-    loss_fn: Callable[..., Array], optimizer: optax.GradientTransformation, mesh: Mesh
+    loss_fn: Callable[..., Array],
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    *,
+    batch_axis: str | None = None,
+    sequence_axis: str | None = None,
 ) -> Callable:
-    r"""A data-parallel training step: batch sharded over the mesh, parameters replicated.
+    r"""A parallel training step: the batch (and each example's sequence) split over the
+    mesh, the parameters replicated.
 
     $$\theta \leftarrow \mathrm{update}\Big(\nabla_\theta \frac1B\sum_{b=1}^B
       \ell(\theta; x_b)\Big)$$
@@ -234,21 +263,44 @@ def sharded_train_step(
     the new parameters are the same on every device and equal a one-device step. It is the
     same step (`energyattn._train.train_step`) that every `ea.models.train_*` runs.
 
+    - **Data parallel** (the default, a one-axis mesh): the batch is split over the axis.
+    - **Context parallel** (`sequence_axis`): every example array's first axis after the
+      batch is a sequence, split over that mesh axis; the loss is traced as in
+      [`context_parallel`][energyattn.parallel.context_parallel], so every attention
+      log-sum-exp over the split sequence, its gradient and its second derivatives run on
+      the ring. With a two-axis mesh, `batch_axis` and `sequence_axis` split both (batch x
+      sequence); with `sequence_axis` alone the batch is not split.
+
     **Arguments:**
 
     - `loss_fn`: per-example loss.
     - `optimizer`: an optax transformation (`opt_state = optimizer.init(eqx.filter(model,
       eqx.is_inexact_array))`).
-    - `mesh`: a one-axis mesh.
+    - `mesh`: a mesh from [`make_mesh`][energyattn.parallel.make_mesh] or `jax.make_mesh`
+      (any axis names and types).
+    - `batch_axis`: the mesh axis of the batch (default: the mesh's only axis, unless
+      `sequence_axis` is given).
+    - `sequence_axis`: the mesh axis of the sequences (default: none).
 
     **Returns:**
 
     `step(model, opt_state, *batch) -> (model, opt_state, loss)`.
-    """
 
-    mean_loss = _BatchMeanLoss(loss_fn)
+    **Raises:** `ValueError` naming the axis when the mesh has no such axis, and naming the
+    shape when a batch or sequence length does not divide over its axis.
+    """
+    if sequence_axis is None:
+        batch_axis = _axis(mesh, batch_axis, "batch_axis")
+    else:
+        sequence_axis = _axis(mesh, sequence_axis, "sequence_axis")
+        if batch_axis is not None:
+            batch_axis = _axis(mesh, batch_axis, "batch_axis")
+    mesh = _auto(mesh)
+    mean_loss = _BatchMeanLoss(loss_fn, mesh, batch_axis, sequence_axis)
+    spec = PartitionSpec(batch_axis, sequence_axis)
 
     def step(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
+        _check_split(batch, mesh, spec)
         params, static = eqx.partition(replicate(model, mesh), eqx.is_inexact_array)
         params, opt_state, loss = train_step(
             mean_loss,
@@ -256,7 +308,7 @@ def sharded_train_step(
             params,
             static,
             replicate(opt_state, mesh),
-            *shard_batch(batch, mesh),
+            *jax.device_put(batch, NamedSharding(mesh, spec)),
             mesh=mesh,
         )
         return eqx.combine(params, static), opt_state, loss
@@ -264,44 +316,68 @@ def sharded_train_step(
     return step
 
 
+def _check_split(tree: PyTree, mesh: Mesh, spec: PartitionSpec) -> None:
+    """Every array's leading axes divide over the mesh axes of `spec` (a `ValueError`
+    naming the shape otherwise)."""
+    for dim, (axis, what) in enumerate(zip(spec, ("batch", "sequence"), strict=True)):
+        if axis is None:
+            continue
+        size = mesh.shape[axis]
+        for leaf in jax.tree.leaves(tree):
+            shape = np.shape(leaf)
+            if len(shape) <= dim or shape[dim] % size:
+                raise ValueError(
+                    f"{what}: every array's {what} axis (axis {dim}) must be divisible by "
+                    f"the {size} devices of mesh axis {axis!r}, got an array of shape "
+                    f"{shape_str(shape)}"
+                )
+
+
 @dataclasses.dataclass(frozen=True)
 class _BatchMeanLoss:
     # The mean of a per-example loss over the batch, as `train_step` wants it. A frozen
-    # dataclass compares (and hashes) by `loss_fn`, so the jitted step is compiled once per
+    # dataclass compares (and hashes) by its fields, so the jitted step is compiled once per
     # loss, optimiser and mesh however often `sharded_train_step` is called. The batch
-    # arrives sharded; its mean, and so the gradient, is a cross-device sum that GSPMD inserts.
+    # arrives sharded; its mean, and so the gradient, is a cross-device sum that GSPMD
+    # inserts. With a sequence axis the loss is traced sequence-parallel (the ring).
     loss_fn: Callable[..., Array]
+    mesh: Mesh
+    batch_axis: str | None
+    sequence_axis: str | None
 
     def __call__(self, params: Any, static: Any, *batch: Any) -> Array:
-        return jnp.mean(_vmapped(self.loss_fn)(eqx.combine(params, static), *batch))
+        model = eqx.combine(params, static)
+        if self.sequence_axis is None:
+            return jnp.mean(_vmapped(self.loss_fn, self.batch_axis)(model, *batch))
+        # No `spmd_axis_name` here: the ring's `shard_map` is manual over the sequence axis
+        # only, and the batch axis, which it leaves to the compiler, must not enter its specs.
+        with sequence_parallel(self.mesh, self.sequence_axis):
+            return jnp.mean(_vmapped(self.loss_fn)(model, *batch))
 
 
-def _explicit(mesh: Mesh) -> Mesh:
-    # The same devices and axis, typed `Explicit`: every array's sharding is then part of its
-    # type, which is how the attention log-sum-exp sees that a sequence is split.
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(jax.sharding.AxisType.Explicit,))
-
-
-def context_parallel(fn: Callable, mesh: Mesh) -> Callable:
+def context_parallel(fn: Callable, mesh: Mesh, *, axis: str | None = None) -> Callable:
     r"""Run an unbatched function with its sequences split over devices (context parallelism).
 
     `fn(module, *sequences)` is any function of a module and arrays whose leading axis is
     the sequence (tokens, queries, memories), e.g. `lambda layer, x: layer(x)`. The returned
-    function takes `(module, *sequences)`, places every sequence split along its leading
-    axis over the mesh (`seq / P` tokens per device), replicates the module, and runs `fn`
-    compiled, with the mesh's axis typed `Explicit` so that every array carries its
-    sharding in its type.
+    function takes `(module, *sequences)`, splits every sequence along its leading axis over
+    the mesh axis (`seq / P` tokens per device), replicates the module, and runs `fn`
+    compiled. It composes with `jax.jit`, `jax.grad`, `jax.value_and_grad` and `jax.vmap`
+    (context-parallel training: differentiate through it, or use
+    [`sharded_train_step`][energyattn.parallel.sharded_train_step] with a `sequence_axis`),
+    and its outputs are ordinary arrays, sharded over the devices.
 
-    Token-wise work (projections, layer norms, Hopfield memories, the quadratic terms) then
-    runs where the tokens are, and every attention log-sum-exp whose keys are split along
-    the sequence (`ea.hopfield_energy`, `ea.transformer_attention_energy`,
+    Token-wise work (projections, layer norms, Hopfield memories, the quadratic terms) runs
+    where the tokens are (the compiler splits it), and every attention log-sum-exp over the
+    split sequence (`ea.hopfield_energy`, `ea.transformer_attention_energy`,
     `ea.attention_logsumexp` and every layer and model built on them:
     `ea.nn.HopfieldAttention`, `ea.nn.EnergyTransformer` recall, the attractor network) is
     computed by the ring: each device keeps its queries and passes key chunks to the next
-    device, $P$ times, accumulating the online log-sum-exp. Its gradients pass the keys and
-    their cotangents round the ring again, second derivatives too, so no device ever holds
-    more than $O(\mathrm{seq}/P)$ keys or a block of scores. The numbers are those of one
-    device (to rounding).
+    device, $P$ times, accumulating the online log-sum-exp. Its derivatives of every order
+    and mode pass the keys and their running sums round the ring again, so no device ever
+    holds more than $O(\mathrm{seq}/P)$ keys or a block of scores. The numbers are those of
+    one device (to rounding). Attention whose queries or keys do not divide over the axis
+    (a handful of learned memories, say) runs on every device as on one.
 
     ```python
     import jax.random as jr
@@ -314,23 +390,23 @@ def context_parallel(fn: Callable, mesh: Mesh) -> Callable:
     out = recall(layer, x)  # (seq, dim), each device holding seq / P tokens
     ```
 
-    Inside your own `jax.jit` the same happens to any array whose type is split along the
-    sequence over an `Explicit` mesh axis (`jax.sharding.reshard(x, P("seq"))` under
-    `jax.set_mesh(mesh)`); `context_parallel` only does the placing for you.
+    Inside your own `jax.jit` under `jax.set_mesh`, the same happens to any array whose type
+    is split along the sequence over an `Explicit` mesh axis
+    (`jax.sharding.reshard(x, P("seq"))`).
 
     **Arguments:**
 
     - `fn`: the unbatched function.
-    - `mesh`: a one-axis mesh from [`make_mesh`][energyattn.parallel.make_mesh]; its axis
-      type is made `Explicit` here.
+    - `mesh`: a mesh from [`make_mesh`][energyattn.parallel.make_mesh] or `jax.make_mesh`
+      (any axis name and type).
+    - `axis`: the mesh axis to split the sequences over (default: the mesh's only axis).
 
     **Returns:**
 
-    A compiled function `(module, *sequences) -> fn's outputs`, sequence outputs split over
-    the devices.
+    A compiled function `(module, *sequences) -> fn's outputs`.
 
     **Raises:** `ValueError` naming the shape when a sequence length is not divisible by the
-    number of devices.
+    number of devices along the axis.
 
     ??? cite "Source"
 
@@ -338,21 +414,37 @@ def context_parallel(fn: Callable, mesh: Mesh) -> Callable:
         Blockwise Transformers for Near-Infinite Context* (2023), here applied to the
         log-sum-exp energy (M. Bal, 2020) whose gradient is attention.
     """
-    _axis(mesh)
-    explicit = _explicit(mesh)
+    axis = _axis(mesh, axis)
+    run = _InSequence(fn, _auto(mesh), axis)
 
     def call(module: Any, *sequences: Any) -> Any:
-        _check_batch(sequences, mesh.devices.size, what="sequence")
-        sequences = jax.device_put(sequences, batch_sharding(explicit))
-        with jax.set_mesh(explicit):
-            return _run_context_parallel(fn, replicate(module, explicit), *sequences)
+        _check_batch(sequences, mesh.shape[axis], what="sequence")
+        return _run_context_parallel(run, module, *sequences)
 
     return call
 
 
+@dataclasses.dataclass(frozen=True)
+class _InSequence:
+    # `fn` traced sequence-parallel over `axis` (compared by its fields: one compilation per
+    # function, mesh and axis).
+    fn: Callable
+    mesh: Mesh
+    axis: str
+
+    def __call__(self, module: Any, *sequences: Any) -> Any:
+        split = NamedSharding(self.mesh, PartitionSpec(self.axis))
+        sequences = jax.lax.with_sharding_constraint(sequences, split)
+        arrays, static = eqx.partition(module, eqx.is_array)
+        whole = NamedSharding(self.mesh, PartitionSpec())
+        module = eqx.combine(jax.lax.with_sharding_constraint(arrays, whole), static)
+        with sequence_parallel(self.mesh, self.axis):
+            return self.fn(module, *sequences)
+
+
 @eqx.filter_jit
-def _run_context_parallel(fn: Callable, module: Any, *sequences: Any) -> Any:
-    return fn(module, *sequences)
+def _run_context_parallel(run: _InSequence, module: Any, *sequences: Any) -> Any:
+    return run(module, *sequences)
 
 
 def ring_hopfield_energy(
@@ -410,7 +502,7 @@ def ring_hopfield_energy(
         Transformers for Near-Infinite Context* (2023) (the ring schedule).
     """
     return _ring_hopfield_energy(
-        query, memory, mesh, _axis(mesh), beta=beta, mask=mask, block_size=block_size
+        query, memory, _auto(mesh), _axis(mesh), beta=beta, mask=mask, block_size=block_size
     )
 
 

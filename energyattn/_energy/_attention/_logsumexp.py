@@ -7,7 +7,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ..._checks import check_mask, check_matching_dim, check_positive
 from ..._custom_types import ScalarLike
-from ..._sharding import axis_size, explicit_sequence_axis, split_rows
+from ..._sharding import axis_size, sequence_axis, split_rows
 from ._derivatives import attention_forward
 from ._naive import naive_lse
 from ._passes import Config
@@ -38,14 +38,14 @@ def lse_rows(
     over heads by the energies). `beta` must already be in the accumulation dtype;
     `block_size=None` picks the blocks by the number of queries (`block_sizes`).
 
-    With `ring = (mesh, axis)`, or when the keys arrive split along their sequence over an
-    `Explicit` mesh axis (`jax.typeof(k).sharding`), the rows are computed context-parallel
-    by `ring_lse`, whatever `method` says."""
+    With `ring = (mesh, axis)`, or when the sequences are split over a mesh axis (the keys'
+    `Explicit` type, or an enclosing `ea.parallel.context_parallel`: `_sharding.sequence_axis`),
+    the rows are computed context-parallel by `ring_lse`, whatever `method` says."""
     if k.shape[0] == 0:
         # An empty memory: every row is an empty sum, whose log-sum-exp is defined as 0 (the
         # rule of a fully masked row), not log(0) = -inf.
         return jnp.zeros((q.shape[0],), beta.dtype)
-    ring = explicit_sequence_axis(k) if ring is None else ring
+    ring = sequence_axis(q, k) if ring is None else ring
     # The default is set by all the queries, on the ring too: the same blocks as one device.
     blocks = block_sizes(q.shape[0], block_size)
     if ring is not None:

@@ -157,11 +157,15 @@ def _on_ring(ring, local, split, whole, out_specs):
             is_leaf=lambda x: isinstance(x, PartitionSpec),
         )
     out_specs = jax.tree.map(lambda split: spec if split else PartitionSpec(), out_specs)
+    names = ring.name if isinstance(ring.name, tuple) else (ring.name,)
     return jax.shard_map(
         lambda split, whole: local(split, whole),
         mesh=ring.mesh,
         in_specs=specs,
         out_specs=out_specs,
+        # Only the ring's axis is manual: the mesh's other axes (a batch split over devices
+        # around it) stay with the compiler.
+        axis_names=set(names),
         check_vma=False,
     )(*args)
 
