@@ -147,9 +147,11 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
     @abc.abstractmethod
     def propose(
         self, problem: Problem, point: Trial, args: Any, state: LineSearchState, unrolled: bool
-    ) -> tuple[Flat, Float[Array, ""], Any, Bool[Array, ""]]:
-        """`(direction, slope, memory, positive)` at the accepted `point` (`positive`: the
-        curvature there is positive, for minimisation)."""
+    ) -> tuple[Flat, Float[Array, ""], Any, Bool[Array, ""], Bool[Array, ""]]:
+        """`(direction, slope, memory, positive, solved)` at the accepted `point`
+        (`positive`: the curvature there is positive, for minimisation; `solved`: the
+        direction solves its system to the solver's tolerance, so that its size may decide
+        convergence: an inexact Newton step that fell short may not)."""
 
     def merit(self, problem: Problem, args: Any) -> Callable[[Flat], tuple]:
         if problem.kind == "minimise":
@@ -197,7 +199,9 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             skip=~state.started & state.evaluated,
         )
         point = tree_where(search.accepted, search.trial, state.point)
-        direction, slope, memory, positive = self.propose(problem, point, args, state, unrolled)
+        direction, slope, memory, positive, solved = self.propose(
+            problem, point, args, state, unrolled
+        )
         size = rms(direction)
         tol = atol + rtol * rms(point.y)
         # Quadratic (or superlinear) convergence that has hit round-off stops shrinking, and
@@ -207,7 +211,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         roundoff = jnp.sqrt(float(jnp.finfo(y.dtype).eps))
         flat = state.point.f - point.f <= roundoff * jnp.maximum(state.point.scale, point.scale)
         floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size) & flat
-        near = (size <= tol) | (state.started & floor)
+        near = ((size <= tol) | (state.started & floor)) & solved
         finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
         start_value = jnp.where(state.started, state.start_value, point.f)
         where = RESULTS.where

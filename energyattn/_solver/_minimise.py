@@ -125,7 +125,8 @@ class LBFGS(AbstractLineSearchSolver):
         descent = slope < 0
         direction = jnp.where(descent, direction, -gamma * grad)
         slope = jnp.where(descent, slope, -gamma * jnp.dot(grad, grad))
-        return direction, slope, pairs, jnp.ones((), bool)
+        true = jnp.ones((), bool)
+        return direction, slope, pairs, true, true
 
     def postprocess(self, problem, y, args, state, result):
         stats = {"value": state.point.f, "backtracks": state.backtracks}

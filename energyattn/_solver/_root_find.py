@@ -14,11 +14,14 @@ from .._custom_types import State
 from .._linalg import cholesky_solve, upper_cholesky
 from ._adjoint import AbstractAdjoint, solve_problem
 from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms
+from ._krylov import minimum_direction, root_direction
+from ._linear import DENSE_LIMIT
 from ._linesearch import AbstractLineSearchSolver, Trial
 from ._solution import RESULTS, Solution
 
 #: The most diagonal shifts tried when a Hessian is not positive definite.
 _MAX_SHIFTS = 40
+JACOBIANS = ("auto", "dense", "matrix-free")
 
 
 def shifted_cholesky(
@@ -63,21 +66,37 @@ class Newton(AbstractLineSearchSolver):
     r"""Newton's method with a backtracking line search: for roots, fixed points and minima.
 
     - **Roots** $F(y) = 0$ (and fixed points, $F = f(y) - y$): the step solves
-      $\partial_y F\, d = -F$ (dense Jacobian by `jax.jacfwd`, LU) and the line search
-      decreases $\tfrac12\lVert F\rVert^2$; if the Jacobian is singular the step is the
-      steepest descent of that merit, $-\partial_y F^\top F$.
+      $\partial_y F\, d = -F$ and the line search decreases $\tfrac12\lVert F\rVert^2$; if
+      the Jacobian is singular the step is the steepest descent of that merit,
+      $-\partial_y F^\top F$.
     - **Minima** of $E$: the step solves $(\nabla^2 E + \tau I)\, d = -\nabla E$ with
       $\tau = 0$ where the Hessian is positive definite and the smallest tried shift that
       makes it so elsewhere, so every step goes downhill; the line search decreases $E$
       itself and never leaves its domain ($E = +\infty$ there). Converging where the
       Hessian is not positive definite is `RESULTS.indefinite`, not success.
 
-    Stops when the proposed step is small, $\operatorname{rms}(d) \le \text{atol} +
-    \text{rtol}\operatorname{rms}(y)$, and returns $y + d$ (so the error left is about the
-    square of the tolerance). The factorisation of the last step is handed to
-    [`ImplicitAdjoint`][energyattn.ImplicitAdjoint], whose linear solve reuses it.
+    How the step is solved (`jacobian`):
 
-    With `chord_check=True` (minima only) each pass first solves with the *previous*
+    - `"dense"`: the Jacobian by `jax.jacfwd` (LU), the Hessian by `jax.hessian`
+      (Cholesky, shifted as above): $n$ Jacobian-vector products, $O(n^2)$ memory, $O(n^3)$
+      time. The factorisation of the last step is handed to
+      [`ImplicitAdjoint`][energyattn.ImplicitAdjoint], whose linear solve reuses it.
+    - `"matrix-free"` (Newton–Krylov): GMRES on Jacobian-vector products for roots,
+      conjugate gradients on Hessian-vector products for minima (truncated at the first
+      direction of non-positive curvature: the step so far, or steepest descent), at most
+      `krylov_steps` products per step, each solved to the relative residual
+      $\min(\tfrac12, \sqrt{\operatorname{rms}(r)})$ (an inexact Newton step). For minima,
+      "positive definite" then means positive curvature along every Krylov direction met.
+    - `"auto"` (default): dense up to 512 unknowns (`DENSE_LIMIT`, as the implicit
+      adjoint), matrix-free above. An attention layer's state (tokens x width) is
+      usually far above it; every product then goes through the blockwise attention
+      passes in forward mode, with O(seq) memory.
+
+    Stops when the proposed step is small, $\operatorname{rms}(d) \le \text{atol} +
+    \text{rtol}\operatorname{rms}(y)$ (matrix-free: and its Krylov solve met its tolerance),
+    and returns $y + d$ (so the error left is about the square of the tolerance).
+
+    With `chord_check=True` (minima, dense only) each pass first solves with the *previous*
     iterate's Hessian factor (a chord step, off the Newton step by a relative
     $O(\lVert d_{k-1}\rVert)$) and stops if that step is already within the tolerances:
     the last pass of a converging solve then costs one triangular solve instead of a new
@@ -92,10 +111,15 @@ class Newton(AbstractLineSearchSolver):
     - `armijo`: the sufficient-decrease constant $c$ of the line search.
     - `chord_check`: test convergence with the previous Hessian factor first (see above;
       default `False`).
+    - `jacobian`: `"auto"`, `"dense"` or `"matrix-free"` (see above).
+    - `krylov_steps`: the most Jacobian- or Hessian-vector products of one matrix-free
+      step.
 
     ??? cite "Source"
 
-        J. Nocedal and S. J. Wright, *Numerical Optimization* (2006), chapters 3 and 11.
+        J. Nocedal and S. J. Wright, *Numerical Optimization* (2006), chapters 3, 7 and 11;
+        S. C. Eisenstat and H. F. Walker, *Choosing the forcing terms in an inexact Newton
+        method* (1996).
     """
 
     rtol: float | None = eqx.field(default=None, static=True)
@@ -103,6 +127,8 @@ class Newton(AbstractLineSearchSolver):
     max_backtracks: int = eqx.field(default=40, static=True)
     armijo: float = eqx.field(default=1e-4, static=True)
     chord_check: bool = eqx.field(default=False, static=True)
+    jacobian: str = eqx.field(default="auto", static=True)
+    krylov_steps: int = eqx.field(default=100, static=True)
     kinds: ClassVar[tuple[str, ...]] = ("root", "fixed_point", "minimise")
 
     def __check_init__(self):
@@ -112,12 +138,22 @@ class Newton(AbstractLineSearchSolver):
         positive_int("max_backtracks", self.max_backtracks, minimum=0)
         if not 0 < python_float("armijo", self.armijo) < 1:
             raise ValueError(f"armijo must be in (0, 1), got {self.armijo!r}")
+        if self.jacobian not in JACOBIANS:
+            raise ValueError(f"jacobian must be one of {JACOBIANS}, got {self.jacobian!r}")
+        positive_int("krylov_steps", self.krylov_steps)
+
+    def matrix_free(self, n: int) -> bool:
+        """Whether a problem of `n` unknowns takes matrix-free (Newton–Krylov) steps."""
+        return self.jacobian == "matrix-free" or (self.jacobian == "auto" and n > DENSE_LIMIT)
 
     def _direction(
         self, problem: Problem, point: Trial, args: Any, unrolled: bool, previous: Any = None
     ):
-        """`(direction, slope, memory, positive)` at `point`. `previous` (minima with
+        """`(direction, slope, memory, positive, solved)` at `point`. `previous` (minima with
         `chord_check`): `(factor, positive, tol)` of the last pass, or `None`."""
+        if self.matrix_free(point.y.shape[0]):
+            return self._krylov_direction(problem, point, args, unrolled)
+        true = jnp.ones((), bool)
         if problem.kind == "minimise":
             grad, hessian, cache = problem.objective.hessian(point.y, args, point.aux)
 
@@ -135,7 +171,7 @@ class Newton(AbstractLineSearchSolver):
                 direction, upper, positive = jax.lax.cond(
                     reuse, lambda _: (chord, old_upper, old_positive), fresh, None
                 )
-            return direction, jnp.dot(grad, direction), (upper, cache), positive
+            return direction, jnp.dot(grad, direction), (upper, cache), positive, true
         residual = point.aux
         jacobian = jax.jacfwd(problem.residual)(point.y, args)
         lu = jsl.lu_factor(jacobian)
@@ -145,7 +181,24 @@ class Newton(AbstractLineSearchSolver):
         steepest = -(jacobian.T @ residual)
         direction = jnp.where(ok, newton, steepest)
         slope = jnp.where(ok, -jnp.sum(jnp.square(residual)), -jnp.sum(jnp.square(steepest)))
-        return direction, slope, lu, jnp.ones((), bool)
+        return direction, slope, lu, true, true
+
+    def _krylov_direction(self, problem, point, args, unrolled):
+        # No factorisation to keep: the implicit adjoint solves matrix-free as well.
+        if problem.kind == "minimise":
+            grad = problem.objective.gradient(point.y, args, point.aux)
+            direction, positive, solved = minimum_direction(
+                lambda y: problem.objective.residual(y, args),
+                point.y,
+                grad,
+                self.krylov_steps,
+                unrolled,
+            )
+            return direction, jnp.dot(grad, direction), (None, None), positive, solved
+        direction, slope, solved = root_direction(
+            lambda y: problem.residual(y, args), point.y, point.aux, self.krylov_steps
+        )
+        return direction, slope, None, jnp.ones((), bool), solved
 
     def init_memory(self, problem, y, args):
         value_fn = self.merit(problem, args)
@@ -158,7 +211,8 @@ class Newton(AbstractLineSearchSolver):
 
     def propose(self, problem, point, args, state, unrolled):
         previous = None
-        if self.chord_check and problem.kind == "minimise":
+        dense = not self.matrix_free(point.y.shape[0])
+        if self.chord_check and problem.kind == "minimise" and dense:
             rtol, atol = self.tolerances(point.y.dtype)
             tol = atol + rtol * rms(point.y)
             # Before the first direction the memory is zeros: never reused.

@@ -1,0 +1,116 @@
+r"""Matrix-free Newton directions (Newton–Krylov), for problems too large for a dense Jacobian.
+
+A dense Newton step builds the $n\times n$ Jacobian (or Hessian) from $n$ Jacobian-vector
+products and factorises it: $O(n^2)$ memory and $O(n^3)$ time, out of reach for the state of
+an attention layer ($n$ = tokens x width). These directions use only products with it:
+
+- **roots** $F(y) = 0$: GMRES on $\partial_y F\, d = -F$ with Jacobian-vector products
+  (`jax.linearize`, forward mode);
+- **minima** of $E$: conjugate gradients on $\nabla^2 E\, d = -\nabla E$ with
+  Hessian-vector products (forward over reverse), truncated at the first direction of
+  non-positive curvature (then the step so far, or steepest descent), so every direction
+  goes downhill.
+
+Each is an *inexact* Newton step: the Krylov solve stops at the relative residual
+$\eta = \min(\tfrac12, \sqrt{\operatorname{rms}(r)})$, never below $\sqrt{\epsilon}$ (the
+forcing term of S. C. Eisenstat and H. F. Walker, 1996), which keeps Newton's fast local
+convergence. The solves run inside `jax.lax.custom_linear_solve`, so an unrolled
+differentiation of the solver differentiates the step as an exact solve, not the Krylov
+loop.
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from ._iterate import bounded_while, rms
+
+Flat = Float[Array, " n"]
+
+
+def forcing(residual: Flat) -> Float[Array, ""]:
+    """The relative tolerance of one inexact Newton step."""
+    floor = float(jnp.finfo(residual.dtype).eps) ** 0.5
+    return jnp.clip(jnp.sqrt(rms(residual)), floor, 0.5)
+
+
+def root_direction(
+    residual_fn, y: Flat, residual: Flat, max_steps: int
+) -> tuple[Flat, Float[Array, ""], Bool[Array, ""]]:
+    r"""`(direction, slope, solved)`: GMRES on $J d = -F$ ($J = \partial_y F$ at `y`, by
+    Jacobian-vector products), or, when that is not a descent direction of
+    $\tfrac12\lVert F\rVert^2$, its steepest descent $-J^\top F$. `slope` is
+    $F^\top J d$; `solved`: GMRES met its tolerance and the step is Newton's."""
+    _, jvp = jax.linearize(residual_fn, y)
+    eta = forcing(residual)
+
+    def solve(matvec, b):
+        x, _ = jax.scipy.sparse.linalg.gmres(
+            matvec, b, tol=eta, atol=0.0, restart=min(20, b.shape[0]), maxiter=max_steps
+        )
+        return x
+
+    direction = jax.lax.custom_linear_solve(jvp, -residual, solve, solve)
+    image = jvp(direction)
+    slope = jnp.dot(residual, image)
+    ok = jnp.all(jnp.isfinite(direction)) & (slope < 0)
+    solved = ok & (rms(image + residual) <= eta * rms(residual))
+    # Not a descent direction (a singular or ill-conditioned Jacobian): steepest descent.
+    (steepest,) = jax.linear_transpose(jvp, y)(residual)
+    steepest = -steepest
+    direction = jnp.where(ok, direction, steepest)
+    slope = jnp.where(ok, slope, -jnp.sum(jnp.square(steepest)))
+    return direction, slope, solved
+
+
+def minimum_direction(
+    gradient_fn, y: Flat, grad: Flat, max_steps: int, unrolled: bool
+) -> tuple[Flat, Bool[Array, ""], Bool[Array, ""]]:
+    r"""`(direction, positive, solved)`: conjugate gradients on $H d = -\nabla E$ ($H$ the
+    Hessian at `y`, by Hessian-vector products of `gradient_fn`), stopped at the first
+    direction $p$ with $p^\top H p \le 0$ (truncated CG): the step so far, or $-\nabla E$ if
+    that was the first. `positive`: no non-positive curvature met along the Krylov
+    directions; `solved`: CG met its tolerance."""
+    _, hvp = jax.linearize(gradient_fn, y)
+    eta = forcing(grad)
+
+    def solve(matvec, b):
+        target = eta * jnp.linalg.norm(b)
+
+        def cond(carry):
+            k, _, _, _, rr, stop, _ = carry
+            return ~stop & (k < max_steps) & (jnp.sqrt(rr) > target)
+
+        def body(carry):
+            k, x, r, p, rr, _, curved = carry
+            hp = matvec(p)
+            curvature = jnp.dot(p, hp)
+            bent = curvature <= 0
+            alpha = rr / jnp.where(bent, 1, curvature)
+            x_next = x + alpha * p
+            r_next = r - alpha * hp
+            rr_next = jnp.dot(r_next, r_next)
+            p_next = r_next + rr_next / jnp.where(rr == 0, 1, rr) * p
+            # Non-positive curvature: keep the step so far (or steepest descent at first).
+            x_next = jnp.where(bent, jnp.where(k == 0, b, x), x_next)
+            keep = lambda new, old: jnp.where(bent, old, new)  # noqa: E731
+            return (
+                k + 1,
+                x_next,
+                keep(r_next, r),
+                keep(p_next, p),
+                keep(rr_next, rr),
+                bent,
+                curved & ~bent,
+            )
+
+        zero = jnp.zeros_like(b)
+        init = (0, zero, b, b, jnp.dot(b, b), jnp.zeros((), bool), jnp.ones((), bool))
+        _, x, r, _, _, _, curved = bounded_while(cond, body, init, max_steps, unrolled)
+        met = jnp.linalg.norm(r) <= target
+        return x, (curved, met)
+
+    direction, (positive, met) = jax.lax.custom_linear_solve(
+        hvp, -grad, solve, symmetric=True, has_aux=True
+    )
+    return direction, positive, positive & met
