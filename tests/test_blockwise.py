@@ -1,8 +1,8 @@
 """The blockwise (flash-style) attention log-sum-exp and its dispatch.
 
-Every implementation must give the naive energy's value, gradient (the attention update) and
-second derivative (training through a descent step); the blockwise one must do so without
-holding the `(seq, mem)` matrix.
+Every implementation gives the naive energy's value and every derivative (checked as a grid
+in `test_derivative_grid.py`); here: the dispatch, the public function, masks, dtypes, and
+that the blockwise derivatives, of every mode, never hold the `(seq, mem)` matrix.
 """
 
 import equinox as eqx
@@ -13,68 +13,12 @@ import numpy as np
 import pytest
 
 import energyattn as ea
-from energyattn._energy import _attention
-from energyattn._energy._attention import _cudnn, _derivatives, _policy
-
-
-def lse(q, k, beta, mask, exclude_self, method, block_size=4):
-    return _attention.lse_rows(q, k, beta, mask, exclude_self, method, block_size)
+from energyattn._energy._attention import _derivatives, _policy
 
 
 def assert_trees_close(a, b, rtol=1e-10, atol=1e-10):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
-
-
-@pytest.mark.parametrize(
-    "masked, exclude_self, block_size",
-    [(False, False, 4), (True, False, 4), (False, True, 4), (True, True, 4), (True, True, None)],
-)
-def test_blockwise_value_gradient_and_second_derivative_equal_naive(
-    getkey, monkeypatch, masked, exclude_self, block_size
-):
-    # 11 keys in blocks of 4: the last block is padded; row 3 has nothing to attend to. With
-    # the default blocks (made 6 here) the forward takes blocks of 6 keys and the derivatives'
-    # passes blocks of 3: every pass pads its last block differently.
-    monkeypatch.setattr(_policy, "DEFAULT_BLOCK_SIZE", 6)
-    assert _policy.block_sizes(11, block_size) == ((4, 4) if block_size else (6, 3))
-    q, k = jr.normal(getkey(), (11, 5)), jr.normal(getkey(), (11, 5))
-    beta = np.asarray(0.8)
-    mask = None
-    if masked:
-        mask = np.array(jr.bernoulli(getkey(), 0.6, (11, 11)))
-        mask[3] = False
-        mask = jax.device_put(mask)  # the private `lse_rows` takes JAX arrays only
-    weights = jr.normal(getkey(), (11,))
-
-    def loss(q, k, beta, method):
-        rows = lse(q, k, beta, mask, exclude_self, method, block_size)
-        return jnp.sum(weights * jnp.sin(rows))
-
-    def outer(q, k, beta, method):
-        grads = jax.grad(loss, argnums=(0, 1))(q, k, beta, method)
-        return sum(jnp.sum(jnp.cos(x)) for x in grads)
-
-    g = jax.value_and_grad(loss, argnums=(0, 1, 2))
-    g2 = jax.grad(outer, argnums=(0, 1, 2))
-
-    @jax.jit  # one compilation for everything checked, not one per op
-    def run(q, k, beta):
-        # value, gradient, gradient of a function of the gradient, by each method
-        results = {m: [f(q, k, beta, m) for f in (loss, g, g2)] for m in ("naive", "blockwise")}
-        # the blockwise rows and the force on the queries (for the empty row)
-        rows = lse(q, k, beta, mask, exclude_self, "blockwise", block_size)
-        dq = jax.grad(
-            lambda q: jnp.sum(lse(q, k, beta, mask, exclude_self, "blockwise", block_size))
-        )(q)
-        return results, rows, dq
-
-    results, values, dq = jax.device_get(run(q, k, beta))
-    for naive, block in zip(results["naive"], results["blockwise"], strict=True):
-        assert_trees_close(naive, block)
-    if masked:  # an empty row has log-sum-exp 0 and no force
-        assert values[3] == 0
-        assert np.all(np.asarray(dq[3]) == 0)
 
 
 def test_public_function_matches_a_numpy_reference(getkey):
@@ -137,69 +81,6 @@ def test_garbage_in_masked_out_memory_stays_out(getkey):
     assert_trees_close(values["naive"], values["blockwise"])
 
 
-def test_training_through_hopfield_attention_steps_equals_naive(getkey):
-    x = jr.normal(getkey(), (3, 9, 8))  # a batch of 3
-    layers = {
-        impl: ea.nn.HopfieldAttention(
-            8,
-            num_heads=2,
-            num_steps=2,
-            step_size=0.5,
-            implementation=impl,
-            block_size=4,
-            key=jr.key(1),
-        )
-        for impl in ("naive", "blockwise")
-    }
-
-    @eqx.filter_value_and_grad
-    def loss(layer, x):
-        return jnp.mean(jnp.square(jax.vmap(layer)(x)))
-
-    results = eqx.filter_jit(lambda layers, x: {i: loss(f, x) for i, f in layers.items()})(
-        layers, x
-    )
-    assert_trees_close(results["naive"], results["blockwise"])
-
-
-def test_energy_transformer_heads_blockwise_equals_naive(getkey):
-    # Queries and keys both come from g, so the keys' cotangent of the custom_vjp matters.
-    models = {
-        impl: ea.nn.EnergyTransformer(
-            6,
-            num_heads=2,
-            head_dim=3,
-            num_memories=5,
-            num_steps=2,
-            implementation=impl,
-            key=jr.key(2),
-        )
-        for impl in ("naive", "blockwise")
-    }
-    x = jr.normal(getkey(), (9, 6))
-    mask = jr.bernoulli(getkey(), 0.7, (9, 9))
-
-    @eqx.filter_value_and_grad
-    def loss(model, x):
-        return jnp.sum(jnp.square(model(x, mask=mask)))
-
-    @eqx.filter_jit
-    def run(models, x):
-        losses = {impl: loss(model, x) for impl, model in models.items()}
-        g = models["naive"].layer_norm(x)
-        values = [
-            ea.transformer_attention_energy(
-                g, m.w_query, m.w_key, beta=m.beta, implementation=m.implementation, block_size=4
-            )
-            for m in models.values()
-        ]
-        return losses, values
-
-    losses, values = run(models, x)
-    assert_trees_close(losses["naive"], losses["blockwise"])
-    np.testing.assert_allclose(values[0], values[1], rtol=1e-12)
-
-
 def test_auto_dispatch():
     select = ea.select_implementation
     common = dict(dtype=jnp.float32, head_dim=64, structured_mask=False, backend="cpu")
@@ -242,36 +123,6 @@ def test_layers_pick_blockwise_above_the_threshold(monkeypatch, getkey):
     assert calls and set(calls) == {(16, 2)}  # one head's queries, traced under vmap
 
 
-def test_fused_kernel_wiring_with_the_xla_kernel(monkeypatch, getkey):
-    # cuDNN needs a GPU; the same code path (layouts, the float32 log-sum-exp, the keys'
-    # cotangent through the kernel's vjp) runs here through the "xla" implementation.
-    monkeypatch.setattr(_cudnn, "FUSED_KERNEL", "xla")
-    q = jr.normal(getkey(), (8, 16), jnp.float32)
-    k = jr.normal(getkey(), (12, 16), jnp.float32)
-    beta = jnp.asarray(0.3, jnp.float32)
-
-    def loss(q, k, beta, method):
-        return jnp.sum(jnp.sin(lse(q, k, beta, None, False, method)))
-
-    value_and_grad = jax.value_and_grad(loss, argnums=(0, 1, 2))
-
-    def through_step(q, k, method):  # training through the attention step
-        return jnp.sum(jnp.square(jax.grad(loss)(q, k, beta, method)))
-
-    grad_through = jax.grad(through_step, (0, 1))
-
-    @jax.jit
-    def run(q, k, beta):
-        methods = ("naive", "cudnn")
-        return [value_and_grad(q, k, beta, m) for m in methods], [
-            grad_through(q, k, m) for m in methods
-        ]
-
-    (naive, fused), (naive_through, fused_through) = run(q, k, beta)
-    assert_trees_close(naive, fused, rtol=2e-5, atol=2e-5)
-    assert_trees_close(naive_through, fused_through, rtol=1e-4, atol=1e-4)
-
-
 def test_bfloat16_inputs_accumulate_in_float32(getkey):
     q = jr.normal(getkey(), (9, 4)).astype(jnp.bfloat16)
     m = jr.normal(getkey(), (11, 4)).astype(jnp.bfloat16)
@@ -288,9 +139,10 @@ def test_bfloat16_inputs_accumulate_in_float32(getkey):
     np.testing.assert_allclose(value, reference, rtol=1e-5)
 
 
-def test_blockwise_gradient_does_not_hold_the_score_matrix(getkey):
-    # XLA's own accounting of the compiled attention step (value and gradient): the naive
-    # path holds (seq, mem) matrices, the blockwise one (seq, block) blocks.
+def test_blockwise_derivatives_of_every_mode_do_not_hold_the_score_matrix(getkey):
+    # XLA's own accounting of the compiled programs (compiled, not run): the naive path holds
+    # (seq, mem) matrices, the blockwise one (seq, block) blocks, in reverse mode, forward
+    # mode and both Hessian-vector products.
     seq, dim = 1024, 16
     q = jr.normal(getkey(), (seq, dim), jnp.float32)
     m = jr.normal(getkey(), (seq, dim), jnp.float32)
@@ -317,8 +169,19 @@ def test_blockwise_gradient_does_not_hold_the_score_matrix(getkey):
 
         return jax.grad(lambda w: jnp.sum(jnp.square(jax.grad(energy)(g, w))))(w)
 
+    v = jr.normal(getkey(), (seq, dim), jnp.float32)
+
+    def jvp(q, m, impl):  # forward mode
+        return jax.jvp(lambda q, m: energy(q, m, impl), (q, m), (v, v))
+
+    def hvp_forward(q, m, impl):  # forward over reverse
+        return jax.jvp(lambda q: jax.grad(energy)(q, m, impl), (q,), (v,))
+
+    def hvp_reverse(q, m, impl):  # reverse over reverse
+        return jax.grad(lambda q: jnp.vdot(jax.grad(energy)(q, m, impl), v))(q)
+
     matrix = seq * seq * 4
-    for fn in (step, train):
+    for fn in (step, train, jvp, hvp_forward, hvp_reverse):
         assert temp_bytes(fn, "naive") >= matrix
         assert temp_bytes(fn, "blockwise") < matrix / 4
     w = jr.normal(getkey(), (2, 8, dim), jnp.float32) / dim

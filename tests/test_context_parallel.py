@@ -60,35 +60,6 @@ def value_grad_hvp(energy, q, k, beta, vq, vk):
     return value, grads, jax.grad(directional, argnums=(0, 1, 2))(q, k, beta)
 
 
-@functools.cache
-def one_device_energy_derivatives(masked):
-    """The one-device energy, gradient and HVP (compiled once for every device count)."""
-    q, k, vq, vk, mask = inputs(jnp.float64)
-    mask = mask if masked else None
-
-    def one_device(q, k, beta):
-        return ea.hopfield_energy(q, k, beta=beta, mask=mask)
-
-    beta = jnp.asarray(0.7, jnp.float64)
-    return jax.jit(functools.partial(value_grad_hvp, one_device))(q, k, beta, vq, vk)
-
-
-@pytest.mark.parametrize("num_devices", [2, 4, 8])
-@pytest.mark.parametrize("masked", [False, True])
-def test_ring_energy_gradient_and_hvp_equal_one_device(num_devices, masked):
-    q, k, vq, vk, mask = inputs(jnp.float64)
-    mask = mask if masked else None
-    beta = jnp.asarray(0.7, jnp.float64)
-    mesh = mesh_of(num_devices)
-
-    def ring(q, k, beta):
-        # block_size 3 also pads the last block of every device's chunk.
-        return ea.parallel.ring_hopfield_energy(q, k, mesh, beta=beta, mask=mask, block_size=3)
-
-    got = jax.jit(functools.partial(value_grad_hvp, ring))(q, k, beta, vq, vk)
-    assert max_difference(got, one_device_energy_derivatives(masked)) < 1e-12
-
-
 def test_ring_energy_in_float32():
     q, k, vq, vk, mask = (
         x.astype(jnp.float32) if x.dtype != bool else x for x in inputs(jnp.float64)
@@ -135,50 +106,6 @@ def layer_cases():
             DIM, num_heads=2, head_dim=3, num_memories=5, num_steps=2, key=key
         ),
     }
-
-
-def layer_value_grad_hvp(layer, x, v, mask):
-    """A loss of the layer's output, its gradient in the input and every parameter, and the
-    input's Hessian-vector product (third derivatives of the energy for the ET)."""
-    params, static = eqx.partition(layer, eqx.is_inexact_array)
-
-    def loss(params, x):
-        layer = eqx.combine(params, static)
-        out = layer(x) if mask is None else layer(x, mask=mask)
-        return jnp.sum(jnp.sin(out))
-
-    def directional(x):
-        # An elementwise product and a sum: `jnp.vdot` of two arrays split along the
-        # sequence is a contraction over a split axis, which Explicit sharding rejects.
-        return jnp.sum(jax.grad(loss, argnums=1)(params, x) * v)
-
-    value, grads = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
-    return value, grads, jax.grad(directional)(x)
-
-
-@functools.cache
-def layer_problem(name):
-    """A float64 layer, its input, a direction, the masked loss's derivatives and their
-    one-device values (compiled once for every device count)."""
-    layer = layer_cases()[name]
-    _, _, x, v, mask = inputs(jnp.float64)
-    layer = jax.tree.map(lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a, layer)
-    # The Energy Transformer takes a (seq, seq) mask of its own; HopfieldAttention a (seq, mem)
-    # one: both get the causal + padding mask.
-    run = functools.partial(layer_value_grad_hvp, mask=mask)
-    return layer, x, v, run, eqx.filter_jit(run)(layer, x, v)
-
-
-@pytest.mark.parametrize("num_devices", [2, 4, 8])
-@pytest.mark.parametrize("name", ["hopfield_attention", "energy_transformer"])
-def test_layers_context_parallel_equal_one_device(name, num_devices):
-    layer, x, v, run, expected = layer_problem(name)
-    mesh = ea.parallel.make_mesh(num_devices, axis_name="seq")
-    got = ea.parallel.context_parallel(run, mesh)(layer, x, v)
-    assert max_difference(got, expected) < 1e-12
-    # The outputs really are split: every device holds seq / P tokens of the input gradient.
-    x_grad = got[1][1]
-    assert {s.data.shape[0] for s in x_grad.addressable_shards} == {SEQ // num_devices}
 
 
 def test_energy_transformer_recall_trajectory_context_parallel():
@@ -237,3 +164,75 @@ def test_context_parallel_errors():
     two_axes = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
     with pytest.raises(ValueError, match="one-axis"):
         ea.parallel.ring_hopfield_energy(jnp.ones((8, DIM)), jnp.ones((8, DIM)), two_axes)
+
+
+def test_parallel_entry_points_compose_with_any_mesh_and_transformation():
+    # Each call here failed as a new user wrote it (issue 32): a plain `jax.make_mesh` mesh
+    # (Explicit axes by default), jit and grad of context_parallel, indexing its output, and
+    # meshes whose axis is not called "batch".
+    q, k, vq, _, mask = inputs(jnp.float64)
+    plain = jax.make_mesh((4,), ("seq",), devices=jax.devices()[:4])
+    ring = lambda q, k: ea.parallel.ring_hopfield_energy(q, k, plain, mask=mask)  # noqa: E731
+    one = lambda q, k: ea.hopfield_energy(q, k, mask=mask)  # noqa: E731
+    # Eagerly (as the failing call was made), and forward mode under jit.
+    expected = jax.jit(jax.grad(one, (0, 1)))(q, k)
+    assert max_difference(jax.grad(ring, (0, 1))(q, k), expected) < 1e-12
+    forward = jax.jit(lambda q, k, v: (jax.jvp(ring, (q, k), (v, v)), jax.jvp(one, (q, k), (v, v))))
+    assert max_difference(*forward(q, k, vq)) < 1e-12
+
+    layer = jax.tree.map(
+        lambda a: a.astype(jnp.float64) if eqx.is_inexact_array(a) else a,
+        ea.nn.HopfieldAttention(DIM, num_heads=2, head_dim=2, key=jr.key(0)),
+    )
+    attend = ea.parallel.context_parallel(lambda layer, x: layer(x), plain)
+
+    def loss(layer, x, run):
+        return jnp.sum(jnp.sin(run(layer, x)))
+
+    got = eqx.filter_jit(eqx.filter_value_and_grad(loss))(layer, q, attend)
+    expected = eqx.filter_jit(eqx.filter_value_and_grad(loss))(layer, q, lambda m, x: m(x))
+    assert max_difference(got, expected) < 1e-12
+    out = attend(layer, q)
+    assert {s.data.shape[0] for s in out.addressable_shards} == {SEQ // 4}  # really split
+    one_device = eqx.filter_jit(lambda layer, x: layer(x))(layer, q)
+    assert max_difference(out[3], one_device[3]) < 1e-12  # an ordinary array: indexing works
+
+    # Data parallelism over a mesh whose axis has another name.
+    data = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+    xs = jnp.stack([q, k, vq, -q])
+    batched = ea.parallel.data_parallel(lambda layer, x: layer(x), data)(layer, xs)
+    expected = eqx.filter_jit(lambda layer, xs: jax.vmap(layer)(xs))(layer, xs)
+    assert max_difference(batched, expected) < 1e-12
+
+
+def test_sequence_parallel_training_steps_equal_one_device():
+    # A training step with the sequence split (the ring inside the loss, its gradient and the
+    # optimiser update), and with batch x sequence on a 2-D mesh, equal one device's.
+    import optax
+
+    layer = ea.nn.HopfieldAttention(DIM, num_heads=2, head_dim=2, num_steps=2, key=jr.key(1))
+    xs = jr.normal(jr.key(2), (4, SEQ, DIM))
+    optimizer = optax.adam(1e-2)
+    opt_state = optimizer.init(eqx.filter(layer, eqx.is_inexact_array))
+
+    def loss(layer, x):
+        return jnp.mean(jnp.square(layer(x) - x))
+
+    one = jax.make_mesh((1,), ("batch",), devices=jax.devices()[:1])
+    expected = ea.parallel.sharded_train_step(loss, optimizer, one)(layer, opt_state, xs)
+    meshes = {
+        "sequence": (jax.make_mesh((4,), ("seq",), devices=jax.devices()[:4]), None),
+        "batch x sequence": (jax.make_mesh((2, 4), ("batch", "seq")), "batch"),
+    }
+    for name, (mesh, batch_axis) in meshes.items():
+        step = ea.parallel.sharded_train_step(
+            loss, optimizer, mesh, batch_axis=batch_axis, sequence_axis="seq"
+        )
+        got = step(layer, opt_state, xs)
+        # float32: the ring adds the sums over keys in another order.
+        for a, b in zip(
+            jax.tree.leaves(eqx.filter(got, eqx.is_array)),
+            jax.tree.leaves(eqx.filter(expected, eqx.is_array)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=name)

@@ -333,6 +333,46 @@ def test_root_find_cubic_closed_form_derivatives():
     np.testing.assert_allclose(jvp, np.dot(2 * y * dy, v), rtol=1e-12)
 
 
+def _coupled_cubic(y, theta):
+    # y^3 + theta y - 1 plus a nearest-neighbour coupling: a non-diagonal Jacobian.
+    return y**3 + theta * y - 1 + 0.3 * (jnp.roll(y, 1) + jnp.roll(y, -1) - 2 * y)
+
+
+@jax.jit
+def _coupled_cubic_solves(theta):
+    """The coupled cubic at 600 unknowns (above the dense limit) by Newton-Krylov, by dense
+    Newton, and by Newton-Krylov allowed one Jacobian-vector product per step; with the
+    gradient of a loss of the root (implicit, GMRES or LU)."""
+
+    def solve(solver):
+        return ea.root_find(_coupled_cubic, jnp.ones_like(theta), theta, solver=solver, throw=False)
+
+    def grad(solver):
+        return jax.grad(lambda theta: jnp.sum(jnp.sin(solve(solver).value)))(theta)
+
+    auto, dense, starved = ea.Newton(), ea.Newton(jacobian="dense"), ea.Newton(krylov_steps=1)
+    return solve(auto), solve(dense), solve(starved), grad(auto), grad(dense)
+
+
+def test_newton_krylov_above_the_dense_limit_and_no_success_without_a_newton_step():
+    n = 600
+    assert not ea.Newton().matrix_free(512) and ea.Newton().matrix_free(513)
+    assert not ea.Newton(jacobian="dense").matrix_free(10**6)
+    assert ea.Newton(jacobian="matrix-free").matrix_free(2)
+    theta = np.linspace(0.5, 2.0, n)
+    auto, dense, starved, grad_auto, grad_dense = _coupled_cubic_solves(theta)
+    for solution in (auto, dense):
+        assert solution.result == ea.RESULTS.successful
+        np.testing.assert_allclose(_coupled_cubic(solution.value, theta), 0, atol=1e-12)
+    np.testing.assert_allclose(auto.value, dense.value, atol=1e-12)
+    np.testing.assert_allclose(grad_auto, grad_dense, rtol=1e-9, atol=1e-12)
+    # One product per Krylov solve never solves the Newton system to its tolerance: however
+    # small its steps, it may not say it converged.
+    assert starved.result != ea.RESULTS.successful
+    with pytest.raises(ValueError, match="jacobian must be one of"):
+        ea.Newton(jacobian="exact")
+
+
 def test_root_find_solves_a_pytree_system():
     def fn(y, c):
         # x^2 + y^2 = c, x = 2 y: the root in the positive quadrant is y = sqrt(c / 5).
@@ -440,7 +480,11 @@ def _minimum_and_unbounded(a, x0, solver):
     return solution, start, curvature, jax.grad(_double_well)(solution.value, a), unbounded
 
 
-@pytest.mark.parametrize("solver", [ea.LBFGS(), ea.Newton(), ea.Newton(chord_check=True)], ids=repr)
+@pytest.mark.parametrize(
+    "solver",
+    [ea.LBFGS(), ea.Newton(), ea.Newton(chord_check=True), ea.Newton(jacobian="matrix-free")],
+    ids=repr,
+)
 def test_minimise_returns_minima_and_refuses_unbounded_energies(solver):
     """From near the double well's maximum, a local minimum (positive curvature, energy below
     the start); on -|x|^2 no success."""
@@ -460,10 +504,13 @@ def test_newton_reports_a_saddle_and_a_fixed_point_solver_an_uphill_result():
     def saddle_energy(x, _):
         return 0.25 * x[0] ** 4 - 0.5 * x[0] ** 2 + 0.5 * x[1] ** 2
 
-    # x[0] = 0 exactly: the gradient never leaves the saddle's stable manifold.
+    # x[0] = 0 exactly: the gradient never leaves the saddle's stable manifold, so neither
+    # does conjugate gradients' Krylov space; the matrix-free step's Lanczos probe still
+    # finds the negative curvature.
     start = np.array([0.0, 1.0])
-    sol = _minimise(saddle_energy, start, solver=ea.Newton(), throw=False)
-    assert sol.result == ea.RESULTS.indefinite
+    for jacobian in ("dense", "matrix-free"):
+        sol = _minimise(saddle_energy, start, solver=ea.Newton(jacobian=jacobian), throw=False)
+        assert sol.result == ea.RESULTS.indefinite, jacobian
     with pytest.raises(eqx.EquinoxRuntimeError, match="not a minimum"):
         _minimise(saddle_energy, start, solver=ea.Newton())
     # Anderson on the gradient map finds the maximum of the double well and says so.

@@ -9,7 +9,10 @@ an attention layer ($n$ = tokens x width). These directions use only products wi
 - **minima** of $E$: conjugate gradients on $\nabla^2 E\, d = -\nabla E$ with
   Hessian-vector products (forward over reverse), truncated at the first direction of
   non-positive curvature (then the step so far, or steepest descent), so every direction
-  goes downhill.
+  goes downhill. CG only sees the curvature along its own directions (a saddle whose
+  gradient has no component along the negative curvature looks like a minimum to it), so
+  once the step is small a Lanczos probe from a fixed pseudo-random vector estimates the
+  Hessian's smallest eigenvalue, and a negative one marks the point as not a minimum.
 
 Each is an *inexact* Newton step: the Krylov solve stops at the relative residual
 $\eta = \min(\tfrac12, \sqrt{\operatorname{rms}(r)})$, never below $\sqrt{\epsilon}$ (the
@@ -44,13 +47,21 @@ def root_direction(
     _, jvp = jax.linearize(residual_fn, y)
     eta = forcing(residual)
 
+    restart = min(20, y.shape[0], max_steps)
+
     def solve(matvec, b):
+        # `maxiter` counts restarts: at most `max_steps` products in all.
         x, _ = jax.scipy.sparse.linalg.gmres(
-            matvec, b, tol=eta, atol=0.0, restart=min(20, b.shape[0]), maxiter=max_steps
+            matvec, b, tol=eta, atol=0.0, restart=restart, maxiter=max(1, max_steps // restart)
         )
         return x
 
-    direction = jax.lax.custom_linear_solve(jvp, -residual, solve, solve)
+    # Solved for a unit right-hand side and scaled back: JAX's GMRES has absolute
+    # breakdown thresholds, which a residual near round-off (1e-17) would trip.
+    zero = jnp.all(residual == 0)
+    norm = jnp.where(zero, 0, jnp.linalg.norm(jnp.where(zero, 1, residual)))  # safe at 0
+    unit = residual / jnp.where(zero, 1, norm)
+    direction = norm * jax.lax.custom_linear_solve(jvp, -unit, solve, solve)
     image = jvp(direction)
     slope = jnp.dot(residual, image)
     ok = jnp.all(jnp.isfinite(direction)) & (slope < 0)
@@ -64,7 +75,7 @@ def root_direction(
 
 
 def minimum_direction(
-    gradient_fn, y: Flat, grad: Flat, max_steps: int, unrolled: bool
+    gradient_fn, y: Flat, grad: Flat, max_steps: int, unrolled: bool, small: Float[Array, ""]
 ) -> tuple[Flat, Bool[Array, ""], Bool[Array, ""]]:
     r"""`(direction, positive, solved)`: conjugate gradients on $H d = -\nabla E$ ($H$ the
     Hessian at `y`, by Hessian-vector products of `gradient_fn`), stopped at the first
@@ -113,4 +124,58 @@ def minimum_direction(
     direction, (positive, met) = jax.lax.custom_linear_solve(
         hvp, -grad, solve, symmetric=True, has_aux=True
     )
-    return direction, positive, positive & met
+    # A truncated step is not Newton's (not solved); a solved one near convergence may still
+    # sit at a saddle, which only the probe sees (then converged, but not positive).
+    solved = positive & met
+    probe = solved & (rms(direction) <= small)
+    positive = jax.lax.cond(
+        probe, lambda: ~lanczos_finds_negative_curvature(hvp, grad, unrolled), lambda: positive
+    )
+    return direction, positive, solved
+
+
+#: Lanczos steps of the curvature probe (at most the number of unknowns).
+PROBE_STEPS = 16
+
+
+def lanczos_finds_negative_curvature(hvp, like: Flat, unrolled: bool) -> Bool[Array, ""]:
+    r"""Whether a few Lanczos steps (full reorthogonalisation) from a fixed pseudo-random
+    vector find a Ritz value of the Hessian below $-\sqrt{\epsilon}$ times its largest
+    magnitude: a negative eigenvalue, seen from a start with a component along it."""
+    n, dtype = like.shape[0], like.dtype
+    m = min(n, PROBE_STEPS)
+    start = jax.random.normal(jax.random.key(0), (n,), dtype)
+    start = start / jnp.linalg.norm(start)
+    basis = jnp.zeros((m, n), dtype).at[0].set(start)
+    zeros = jnp.zeros((m,), dtype)
+
+    def cond(carry):
+        j, *_, broke = carry
+        return (j < m) & ~broke
+
+    def body(carry):
+        j, basis, alphas, betas, _ = carry
+        w = hvp(basis[j])
+        alpha = jnp.dot(w, basis[j])
+        # Against every earlier vector (twice: Gram-Schmidt in finite precision).
+        for _ in range(2):
+            w = w - basis.T @ (basis @ w)
+        beta = jnp.linalg.norm(w)
+        broke = beta <= jnp.finfo(dtype).eps * (jnp.abs(alpha) + 1)
+        nxt = jnp.minimum(j + 1, m - 1)
+        basis = jnp.where(
+            (j + 1 < m) & ~broke, basis.at[nxt].set(w / jnp.where(broke, 1, beta)), basis
+        )
+        return j + 1, basis, alphas.at[j].set(alpha), betas.at[j].set(beta), broke
+
+    init = (0, basis, zeros, zeros, jnp.zeros((), bool))
+    steps, _, alphas, betas, _ = bounded_while(cond, body, init, m, unrolled)
+    # The tridiagonal matrix of the steps taken (unused rows padded far above the rest).
+    used = jnp.arange(m) < steps
+    top = jnp.max(jnp.abs(alphas)) + 2 * jnp.max(betas) + 1
+    tri = jnp.diag(jnp.where(used, alphas, 4 * top))
+    off = jnp.where(jnp.arange(m - 1) + 1 < steps, betas[:-1], 0)
+    tri = tri + jnp.diag(off, 1) + jnp.diag(off, -1)
+    ritz = jnp.linalg.eigvalsh(tri)
+    size = jnp.max(jnp.abs(jnp.where(used, alphas, 0))) + jnp.max(off, initial=0)
+    return ritz[0] < -jnp.sqrt(jnp.finfo(dtype).eps) * size

@@ -187,12 +187,17 @@ class Newton(AbstractLineSearchSolver):
         # No factorisation to keep: the implicit adjoint solves matrix-free as well.
         if problem.kind == "minimise":
             grad = problem.objective.gradient(point.y, args, point.aux)
+            rtol, atol = self.tolerances(point.y.dtype)
+            # Near convergence (the line search's round-off floor is sqrt(tol)) the
+            # curvature is also probed by Lanczos: CG alone cannot tell a saddle.
+            small = jnp.sqrt(atol + rtol * rms(point.y))
             direction, positive, solved = minimum_direction(
                 lambda y: problem.objective.residual(y, args),
                 point.y,
                 grad,
                 self.krylov_steps,
                 unrolled,
+                small,
             )
             return direction, jnp.dot(grad, direction), (None, None), positive, solved
         direction, slope, solved = root_direction(

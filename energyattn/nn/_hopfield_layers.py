@@ -78,7 +78,7 @@ def _head_energy(
     mask: Bool[Array, "seq stored"] | None,
 ) -> Scalar:
     """One head's energy $E_h$: the log-sum-exp energy of its stored patterns."""
-    return hopfield_energy(xi, keys, beta=beta, mask=mask, implementation="naive")
+    return hopfield_energy(xi, keys, beta=beta, mask=mask)
 
 
 # -------------------------------------------------------------------------------- helpers

@@ -30,16 +30,12 @@ primitive is batched by `equinox.internal.create_vprim` (as lineax's linear solv
 vmaps these rules; a vmap over heads runs head by head on a CPU (`_passes._in_turn`).
 """
 
-import functools as ft
-
 import equinox.internal as eqxi
-import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
 from jax.interpreters import ad
 from jax.sharding import PartitionSpec
 
-from ._blocks import Term, array_roles
+from ._blocks import Term
 from ._passes import Config, run_forward, run_terms
 
 
@@ -66,27 +62,42 @@ def _add(x, y):
 
 
 # -------------------------------------------------------------------------- the primitive
+#
+# The primitive's operands are flat: `q, k, beta, lse, [mask,] *arrays`, with the terms, the
+# configuration and whether there is a mask as static parameters. Operands may reach the
+# rules as Python scalars (JAX inlines scalar constants as literals), hence `jnp.asarray`.
 
 
-def _terms_impl(q, k, beta, lse, mask, arrays, terms, config):
+def _operands(args, has_mask):
+    q, k, beta, lse, *rest = (jnp.asarray(a) for a in args)
+    mask = rest.pop(0) if has_mask else None
+    return q, k, beta, lse, mask, tuple(rest)
+
+
+def _terms_impl(*args, terms, config, has_mask):
+    q, k, beta, lse, mask, arrays = _operands(args, has_mask)
     return run_terms(q, k, beta, lse, mask, arrays, terms, config)
 
 
-def _terms_abstract_eval(q, k, beta, lse, mask, arrays, terms, config):
-    return tuple(
+def _terms_abstract_eval(*avals, terms, config, has_mask):
+    q, k, beta, _, *rest = avals
+    arrays = rest[1:] if has_mask else rest
+    return [
         _rows_like(q if term.row else k, arrays[term.value].shape[1], beta.dtype) for term in terms
-    )
+    ]
 
 
 def _rows_like(aval, width, dtype):
-    """The abstract value of `(len(aval), width)` rows split like `aval`'s rows (their
-    sharding is part of the type when a mesh axis is `Explicit`)."""
+    """The abstract value of `(len(aval), width)` rows (`(len(aval),)` for `width=None`)
+    split like `aval`'s rows (their sharding is part of the type when a mesh axis is
+    `Explicit`)."""
+    shape = (aval.shape[0],) if width is None else (aval.shape[0], width)
     sharding = getattr(aval, "sharding", None)
     spec = getattr(sharding, "spec", None)
     if spec is not None:
-        sharding = sharding.update(spec=PartitionSpec(spec[0] if len(spec) else None, None))
-        return aval.update(shape=(aval.shape[0], width), dtype=dtype, sharding=sharding)
-    return aval.update(shape=(aval.shape[0], width), dtype=dtype)
+        split = PartitionSpec(spec[0] if len(spec) else None, *([None] * (len(shape) - 1)))
+        return aval.update(shape=shape, dtype=dtype, sharding=sharding.update(spec=split))
+    return aval.update(shape=shape, dtype=dtype)
 
 
 def attention_terms(q, k, beta, lse, mask, arrays, terms, config):
@@ -94,14 +105,16 @@ def attention_terms(q, k, beta, lse, mask, arrays, terms, config):
     one output per term, as the differentiable primitive `terms_p`."""
     if not terms:
         return ()
-    args = (q, k, beta, lse, mask, tuple(arrays), tuple(terms), config)
-    return eqxi.filter_primitive_bind(terms_p, *args)
+    flat = (q, k, beta, lse, *(() if mask is None else (mask,)), *arrays)
+    params = dict(terms=tuple(terms), config=config, has_mask=mask is not None)
+    return tuple(terms_p.bind(*flat, **params))
 
 
-@eqxi.filter_primitive_jvp
-def _terms_jvp(primals, tangents):
-    q, k, beta, lse, mask, arrays, terms, config = primals
-    t_q, t_k, t_beta, t_lse, _, t_arrays, _, _ = tangents
+def _terms_jvp(primals, tangents, *, terms, config, has_mask):
+    q, k, beta, lse, mask, arrays = _operands(primals, has_mask)
+    tangents = [None if type(t) is ad.Zero else t for t in tangents]
+    t_q, t_k, t_beta, t_lse, *t_rest = tangents
+    t_arrays = t_rest[1:] if has_mask else t_rest
     out = attention_terms(q, k, beta, lse, mask, arrays, terms, config)
     acc = beta.dtype
     new = _Arrays()
@@ -151,25 +164,28 @@ def _terms_jvp(primals, tangents):
         for t, term in enumerate(terms):
             if term.row:
                 t_out[t] = _add(t_out[t], -t_lse[:, None] * out[t])
-    return out, tuple(t_out)
+    t_out = [jnp.zeros_like(o) if t is None else t for o, t in zip(out, t_out, strict=True)]
+    return list(out), t_out
 
 
-@eqxi.filter_primitive_transpose
-def _terms_transpose(inputs, cts_out):
-    q, k, beta, lse, mask, arrays, terms, config = inputs
+def _terms_transpose(cts_out, *args, terms, config, has_mask):
+    q, k, beta, lse, *rest = args
     for name, x in (("queries", q), ("keys", k), ("beta", beta), ("log-sum-exp", lse)):
         if isinstance(x, ad.UndefinedPrimal):
             raise NotImplementedError(f"the attention terms are not linear in the {name}")
+    q, k, beta, lse = (jnp.asarray(x) for x in (q, k, beta, lse))
+    mask = jnp.asarray(rest[0]) if has_mask else None
+    arrays = rest[1:] if has_mask else rest
     undefined = [isinstance(x, ad.UndefinedPrimal) for x in arrays]
     new = _Arrays()
-    index = [None if u else new.add(x) for x, u in zip(arrays, undefined, strict=True)]
+    index = [None if u else new.add(jnp.asarray(x)) for x, u in zip(arrays, undefined, strict=True)]
 
     def defined(f):
         return tuple((index[a], index[b]) for a, b in f)
 
     t_terms, dest = [], []
     for term, ct in zip(terms, cts_out, strict=True):
-        if ct is None:
+        if type(ct) is ad.Zero or ct is None:
             continue
         linear = [f for f, factor in enumerate(term.factors) if _undefined_in(factor, undefined)]
         slots = len(linear) + undefined[term.value]
@@ -203,26 +219,10 @@ def _terms_transpose(inputs, cts_out):
     results = attention_terms(q, k, beta, lse, mask, new.arrays, t_terms, config)
     for i, result in zip(dest, results, strict=True):
         cts[i] = _add(cts[i], result)
-    # Every undefined array gets a cotangent, zeros where no term reached it. The zeros are
-    # rows of the queries' or the keys' (so that a split sequence stays split: Equinox's
-    # vmap of this rule drops the abstract values' shardings).
-    per_query, _ = array_roles(terms)
-    cts = tuple(
-        None
-        if not u
-        else c.astype(x.aval.dtype)
-        if c is not None
-        else _zero_rows(lse if i in per_query else k[:, 0], x.aval.shape[1], x.aval.dtype)
-        for i, (c, x, u) in enumerate(zip(cts, arrays, undefined, strict=True))
-    )
-    nothing = jax.tree.map(lambda _: None, (q, k, beta, lse, mask))
-    static = jax.tree.map(lambda _: None, (terms, config))
-    return (*nothing, cts, *static)
-
-
-def _zero_rows(like, width, dtype):
-    """Zeros of shape `(len(like), width)`, split like `like`."""
-    return jnp.broadcast_to(jnp.zeros_like(like, dtype)[:, None], (like.shape[0], width))
+    # No cotangent (`None`) for what the terms are not linear in, and for an array no term
+    # reached: JAX takes it as zero.
+    cts = [None if c is None else c.astype(x.aval.dtype) for c, x in zip(cts, arrays, strict=True)]
+    return [None] * (len(args) - len(arrays)) + cts
 
 
 def _undefined_in(factor, undefined):
@@ -230,11 +230,7 @@ def _undefined_in(factor, undefined):
 
 
 terms_p = eqxi.create_vprim(
-    "attention_terms",
-    eqxi.filter_primitive_def(_terms_impl),
-    eqxi.filter_primitive_def(_terms_abstract_eval),
-    _terms_jvp,
-    _terms_transpose,
+    "attention_terms", _terms_impl, _terms_abstract_eval, _terms_jvp, _terms_transpose
 )
 
 
@@ -253,22 +249,37 @@ def _query_tangent(q, beta, t_q, t_beta):
     return a
 
 
-@ft.partial(jax.custom_jvp, nondiff_argnums=(4,))
 def attention_forward(q, k, beta, mask, config: Config):
     r"""The log-sum-exp rows and the attention output $o_i = \sum_j p_{ij} k_j$, one online
-    pass over blocks of keys; differentiable in both modes to any order (module docstring)."""
-    return run_forward(q, k, beta, mask, config)
+    pass over blocks of keys, as the primitive `forward_p`; differentiable in both modes to
+    any order (module docstring)."""
+    flat = (q, k, beta, *(() if mask is None else (mask,)))
+    lse, out = forward_p.bind(*flat, config=config, has_mask=mask is not None)
+    return lse, out
 
 
-@ft.partial(attention_forward.defjvp, symbolic_zeros=True)
-def _forward_jvp(config, primals, tangents):
-    q, k, beta, mask = primals
-    t_q, t_k, t_beta, _ = (None if isinstance(t, SymbolicZero) else t for t in tangents)
+def _forward_impl(*args, config, has_mask):
+    q, k, beta, *mask = (jnp.asarray(a) for a in args)
+    return list(run_forward(q, k, beta, mask[0] if has_mask else None, config))
+
+
+def _forward_abstract_eval(*avals, config, has_mask):
+    q, k, beta = avals[:3]
+    return [
+        _rows_like(q, 1, beta.dtype).update(shape=q.shape[:1]),
+        _rows_like(q, q.shape[1], beta.dtype),
+    ]
+
+
+def _forward_jvp(primals, tangents, *, config, has_mask):
+    q, k, beta, *mask = (jnp.asarray(a) for a in primals)
+    mask = mask[0] if has_mask else None
+    t_q, t_k, t_beta = (None if type(t) is ad.Zero else t for t in tangents[:3])
     # Re-enter for the primal: an outer derivative of this rule differentiates it again.
     lse, out = attention_forward(q, k, beta, mask, config)
     a = _query_tangent(q, beta, t_q, t_beta)
     if a is None and t_k is None:
-        return (lse, out), (jnp.zeros_like(lse), jnp.zeros_like(out))
+        return [lse, out], [jnp.zeros_like(lse), jnp.zeros_like(out)]
     acc = beta.dtype
     arrays = _Arrays()
     score = []
@@ -287,4 +298,16 @@ def _forward_jvp(config, primals, tangents):
     t_out = weighted - t_lse[:, None] * out
     if r:
         t_out = t_out + r[0]
-    return (lse, out), (t_lse, t_out)
+    return [lse, out], [t_lse, t_out]
+
+
+def _forward_transpose(cts, *args, config, has_mask):
+    raise NotImplementedError("the attention forward pass is not linear")
+
+
+# The online pass is a primitive, not a custom_jvp: JAX never looks inside it (its impl
+# loops over heads through a custom_vmap, which partial evaluation inside `lax.scan` would
+# reject), and its batching comes from vmapping the rules, as for `terms_p`.
+forward_p = eqxi.create_vprim(
+    "attention_forward", _forward_impl, _forward_abstract_eval, _forward_jvp, _forward_transpose
+)
