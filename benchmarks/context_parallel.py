@@ -3,14 +3,15 @@
 Question: with the sequence split over P devices (`ea.parallel.ring_hopfield_energy`: keys
 passed round a ring), how much temporary memory does each device need for the attention step
 (the energy and its gradient in queries and keys), against the one-device blockwise path, at
-seq 8k-64k and P = 1, 2, 4, 8? And for second order (a Hessian-vector product of the energy,
-reverse over reverse), which fused attention kernels do not offer? Memory is XLA's accounting
+seq 8k-64k and P = 1, 2, 4, 8? And in forward mode (`jax.jvp` of the energy) and for second
+order (a Hessian-vector product of the energy, forward over reverse and reverse over
+reverse), which fused attention kernels do not offer? Memory is XLA's accounting
 of each device's compiled program (`memory_analysis().temp_size_in_bytes`; inputs and outputs
 excluded), read after compiling. Times are medians of interleaved repeats of the compiled
 programs. One head, head_dim 64, float32, beta = 1/8, keys = queries' length.
 
-Target (issue 21): per-device temporary memory at seq 64k on 8 devices <= 1.2 / 8 of the one
-device blockwise path.
+Targets: per-device temporary memory at seq 64k on 8 devices <= 1.2 / 8 of the one-device
+blockwise path (issue 21), in every mode <= 0.15 (issue 32).
 
 On a CPU the script gives itself 8 virtual devices (`--xla_force_host_platform_device_count`),
 which share the cores: their memory is what one device of a real 8-device machine would
@@ -81,6 +82,25 @@ def hessian_vector(energy):
     return jax.grad(directional, argnums=(0, 1))
 
 
+def forward_mode(energy):
+    """The energy and its directional derivative in the direction (q, k): `jax.jvp`."""
+    return lambda q, k: jax.jvp(energy, (q, k), (q, k))
+
+
+def hessian_vector_forward(energy):
+    """$H v$ for the queries and keys, forward over reverse (the standard HVP)."""
+    return lambda q, k: jax.jvp(jax.grad(energy, argnums=(0, 1)), (q, k), (q, k))[1]
+
+
+#: The programs measured: name -> how it is made from an energy.
+MODES = {
+    "step": attention_step,
+    "jvp": forward_mode,
+    "hvp_forward": hessian_vector_forward,
+    "hvp": hessian_vector,
+}
+
+
 def temp_mib(fn, seq: int, dtype=jnp.float32) -> float:
     shape = jax.ShapeDtypeStruct((seq, HEAD_DIM), dtype)
     compiled = jax.jit(fn).lower(shape, shape).compile()
@@ -125,23 +145,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
 
     for seq in seqs:
-        base = temp_mib(attention_step(one_device("blockwise")), seq)
-        base_hvp = temp_mib(hessian_vector(one_device("blockwise")), seq)
+        base = {mode: temp_mib(make(one_device("blockwise")), seq) for mode, make in MODES.items()}
         for p in counts:
-            step = base if p == 1 else temp_mib(attention_step(ring(p)), seq)
-            hvp = base_hvp if p == 1 else temp_mib(hessian_vector(ring(p)), seq)
-            add(
-                {
-                    "kind": "memory",
-                    "seq": seq,
-                    "devices": p,
-                    "step_mib": step,
-                    "step_of_one_device": step / base,
-                    "target": 1.2 / p,
-                    "hvp_mib": hvp,
-                    "hvp_of_one_device": hvp / base_hvp,
-                }
-            )
+            mib = {
+                mode: base[mode] if p == 1 else temp_mib(make(ring(p)), seq)
+                for mode, make in MODES.items()
+            }
+            row = {"kind": "memory", "seq": seq, "devices": p, "target": 1.2 / p}
+            for mode in MODES:
+                row[f"{mode}_mib"] = mib[mode]
+                row[f"{mode}_of_one_device"] = mib[mode] / base[mode]
+            add(row)
         if gpu:
             add(
                 {
@@ -155,15 +169,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     for seq in [s for s in seqs if s <= args.time_up_to]:
         q, k = inputs(seq)
-        contenders = {"one device": attention_step(one_device("blockwise"))}
-        contenders[f"ring x{counts[-1]}"] = attention_step(ring(counts[-1]))
-        contenders["hvp one device"] = hessian_vector(one_device("blockwise"))
-        contenders[f"hvp ring x{counts[-1]}"] = hessian_vector(ring(counts[-1]))
+        contenders = {}
+        for mode, make in MODES.items():
+            contenders[f"{mode} one device"] = make(one_device("blockwise"))
+            contenders[f"{mode} ring x{counts[-1]}"] = make(ring(counts[-1]))
         timings = interleaved(contenders, q, k, repeats=repeats)
         if gpu:
             qh, kh = inputs(seq, jnp.bfloat16)
             timings.update(interleaved({"cudnn": attention_step(one_device("cudnn"))}, qh, kh))
-        base = timings["one device"]["median_s"]
+        base = timings["step one device"]["median_s"]
         for name, t in timings.items():
             add(
                 {
@@ -173,35 +187,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "median_ms": 1e3 * t["median_s"],
                     "of_one_device_step": t["median_s"] / base,
                     "compile_s": t["compile_s"],
-                }
-            )
-
-    # Forward mode: jax.jvp of the energy. The naive path is plain autodiff; the blockwise and
-    # ring paths are custom_vjps, which JAX differentiates in reverse mode only.
-    seq = 2048
-    q, k = inputs(seq)
-    for implementation in ("naive", "blockwise"):
-
-        def jvp(q, k, implementation=implementation):
-            return jax.jvp(one_device(implementation), (q, k), (q, k))
-
-        try:
-            t = interleaved({"jvp": jvp}, q, k, repeats=repeats)["jvp"]
-            add(
-                {
-                    "kind": "jvp",
-                    "seq": seq,
-                    "implementation": implementation,
-                    "median_ms": 1e3 * t["median_s"],
-                }
-            )
-        except TypeError as error:
-            add(
-                {
-                    "kind": "jvp",
-                    "seq": seq,
-                    "implementation": implementation,
-                    "error": str(error).splitlines()[0],
                 }
             )
 

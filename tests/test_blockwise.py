@@ -204,3 +204,30 @@ def test_bad_arguments(user_mode):
         ea.nn.EnergyTransformer(
             4, num_heads=1, head_dim=2, num_memories=3, implementation="cudnn", key=jr.key(0)
         )
+
+
+def test_heads_in_turn_equals_batched_heads_through_a_descent(monkeypatch, getkey):
+    # On a CPU, large blocks run a vmap over heads head by head (a custom_vmap inside the
+    # passes). Through a descent (lax.scan) under vmap, to the Hessian-vector product reverse
+    # over reverse (which once failed partial evaluation there), it equals batched heads.
+    q, k, v = (jr.normal(getkey(), (2, 8, 3)) for _ in range(3))
+
+    def loss(q):
+        def step(x, _):
+            energy = lambda x: jnp.sum(  # noqa: E731
+                jax.vmap(
+                    lambda a, b: ea.hopfield_energy(a, b, implementation="blockwise", block_size=3)
+                )(x, k)
+            )
+            return x - 0.5 * jax.grad(energy)(x), None
+
+        return jnp.sum(jnp.sin(jax.lax.scan(step, q, None, length=2)[0]))
+
+    def derivatives(q):
+        hvp = jax.grad(lambda q: jnp.vdot(jax.grad(loss)(q), v))(q)
+        return loss(q), jax.grad(loss)(q), hvp, jax.jvp(jax.grad(loss), (q,), (v,))[1]
+
+    batched = jax.jit(derivatives)(q)
+    monkeypatch.setattr(_policy, "HEADS_IN_TURN_ENTRIES", 0)  # every block is "large"
+    in_turn = jax.jit(derivatives)(q)
+    assert_trees_close(in_turn, batched, rtol=1e-12, atol=1e-12)

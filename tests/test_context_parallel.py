@@ -1,8 +1,6 @@
 """Context parallelism: attention energies with the sequence split over 2, 4 and 8 (forced CPU)
 devices, the keys passed round a ring. Every number must equal one device."""
 
-import functools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -46,40 +44,6 @@ def inputs(dtype):
     mask[:, -3:] = False
     mask[0] = False
     return q, k, vq, vk, jnp.asarray(mask)
-
-
-def value_grad_hvp(energy, q, k, beta, vq, vk):
-    """The energy, its gradient in (query, memory, beta) and the Hessian-vector product
-    (reverse over reverse) in the direction (vq, vk, 1)."""
-
-    def directional(q, k, beta):
-        gq, gk, gb = jax.grad(energy, argnums=(0, 1, 2))(q, k, beta)
-        return jnp.vdot(gq, vq) + jnp.vdot(gk, vk) + gb
-
-    value, grads = jax.value_and_grad(energy, argnums=(0, 1, 2))(q, k, beta)
-    return value, grads, jax.grad(directional, argnums=(0, 1, 2))(q, k, beta)
-
-
-def test_ring_energy_in_float32():
-    q, k, vq, vk, mask = (
-        x.astype(jnp.float32) if x.dtype != bool else x for x in inputs(jnp.float64)
-    )
-    beta = jnp.asarray(0.7, jnp.float32)
-    mesh = mesh_of(8)
-
-    def ring(q, k, beta):
-        return ea.parallel.ring_hopfield_energy(q, k, mesh, beta=beta, mask=mask)
-
-    def one_device(q, k, beta):
-        return ea.hopfield_energy(q, k, beta=beta, mask=mask)
-
-    got = jax.jit(functools.partial(value_grad_hvp, ring))(q, k, beta, vq, vk)
-    expected = jax.jit(functools.partial(value_grad_hvp, one_device))(q, k, beta, vq, vk)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
-        assert a.dtype == jnp.float32
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    # Eagerly, outside any jit, too.
-    np.testing.assert_allclose(ring(q, k, beta), expected[0], rtol=1e-5)
 
 
 def test_jit_grad_of_hopfield_energy_on_sequence_split_inputs():

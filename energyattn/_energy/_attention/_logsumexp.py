@@ -8,6 +8,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from ..._checks import check_mask, check_matching_dim, check_positive
 from ..._custom_types import ScalarLike
 from ..._sharding import axis_size, sequence_axis, split_rows
+from . import _policy
 from ._derivatives import attention_forward
 from ._naive import naive_lse
 from ._passes import Config
@@ -15,12 +16,13 @@ from ._policy import Implementation, block_sizes, resolve_block_size, select_imp
 from ._ring import RingAxis
 
 
-def _config(method, exclude_self, blocks, keys, ring=None):
+def _config(method, exclude_self, blocks, queries, keys, ring=None):
     # Blocks no longer than the keys of one pass (less padding, same result). Accelerators
     # want the heads batched (more parallel work per kernel); a CPU core wants one head's
-    # blocks in its cache at a time.
+    # blocks in its cache at a time, once they are large.
     forward, passes = (min(size, keys) for size in blocks)
-    heads_in_turn = jax.default_backend() == "cpu"
+    large = queries * forward >= _policy.HEADS_IN_TURN_ENTRIES
+    heads_in_turn = jax.default_backend() == "cpu" and large
     return Config(method, exclude_self, forward, passes, ring, heads_in_turn)
 
 
@@ -52,7 +54,7 @@ def lse_rows(
         return ring_lse(q, k, beta, mask, exclude_self, blocks, *ring)
     if method == "naive":
         return naive_lse(q, k, beta, mask, exclude_self)
-    config = _config(method, exclude_self, blocks, k.shape[0])
+    config = _config(method, exclude_self, blocks, q.shape[0], k.shape[0])
     return attention_forward(q, k, beta, mask, config)[0]
 
 
@@ -79,7 +81,9 @@ def ring_lse(
     mask = None if mask is None else split_rows(mask, mesh, axis, "mask's query")
     size = axis_size(mesh, axis)
     ring = RingAxis(mesh, axis, size)
-    config = _config("blockwise", exclude_self, blocks, k.shape[0] // size, ring)
+    config = _config(
+        "blockwise", exclude_self, blocks, q.shape[0] // size, k.shape[0] // size, ring
+    )
     return attention_forward(q, k, beta, mask, config)[0]
 
 

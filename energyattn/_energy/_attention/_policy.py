@@ -31,6 +31,12 @@ LONG_SEQUENCE = 4096
 #: so a smaller block stays in the cache (`benchmarks/README.md`).
 BACKWARD_BLOCK_DIVISOR = 2
 
+#: On a CPU a vmap over heads runs the blockwise passes head by head once one head's block
+#: holds at least this many entries (`seq x block_size`, 128 KiB in float32): then a batch of
+#: heads' blocks would not fit in the cache (`benchmarks/README.md`). Smaller blocks are
+#: batched over the heads.
+HEADS_IN_TURN_ENTRIES = 2**15
+
 _CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
