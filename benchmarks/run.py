@@ -24,6 +24,8 @@ BENCHMARKS = {
     "context_parallel": "per-device memory and time of the ring energy vs one device",
     "et_recall": "ea.descend vs a hand-written lax.scan (Energy Transformer recall)",
     "deq": "fixed-point solvers; implicit vs unrolled gradients vs number of steps",
+    "deq_attention": "deep-equilibrium attention: implicit vs unrolled memory vs steps and seq",
+    "derivatives": "forward mode and second derivatives of blockwise attention, before/after",
     "spin_saddle": "the vector-spin saddle point in multiples of one Cholesky",
     "smt": "spin-model transformer attention vs softmax attention; Anderson vs Picard",
 }

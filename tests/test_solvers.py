@@ -694,3 +694,20 @@ def test_derivatives_with_respect_to_python_floats():
     ]
     for grad, want in zip(grads, [4.0, 2.0, 2.0], strict=True):
         np.testing.assert_allclose(grad(5.0), want, rtol=1e-9)
+
+
+def test_matrix_free_adjoint_is_relative_to_the_gradients_scale():
+    # A mean over 600 float32 entries makes the cotangent of the implicit solve tiny (1e-7):
+    # against an absolute tolerance GMRES "solved" it with zero, a silently zero gradient.
+    n = 600
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)) / np.sqrt(n), jnp.float32)
+    x = jnp.linspace(-1, 1, n, dtype=jnp.float32)
+
+    def loss(x, scale):
+        fixed = ea.fixed_point(lambda z, x: x + 0.5 * jnp.tanh(a @ z), jnp.zeros_like(x), x)
+        return scale * jnp.mean(jnp.square(fixed.value))
+
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    small, unit = grad(x, 1e-6), grad(x, 1.0)
+    assert float(jnp.linalg.norm(unit)) > 1e-4
+    np.testing.assert_allclose(small, 1e-6 * unit, rtol=1e-3, atol=1e-12)

@@ -183,10 +183,17 @@ class _Krylov(AbstractLinearSolver):
             message = _message(name, why, transpose)
 
             def run(operator, rhs):
-                x = self._run(operator, rhs, rtol, atol)
+                # Solved for the right-hand side scaled to rms 1, and scaled back. The scale
+                # of a gradient is arbitrary (a loss in other units, a mean over many
+                # entries): against an absolute tolerance a small cotangent would "solve" as
+                # zero, a silently zero gradient.
+                size = rms(rhs)
+                scale = jnp.where(size > 0, size, 1)
+                unit = rhs / scale
+                x = self._run(operator, unit, rtol, atol)
                 # The recomputed residual may exceed the running estimate by round-off.
-                ok = rms(operator(x) - rhs) <= 2 * (atol + rtol * rms(rhs))
-                return _checked(x, ok & jnp.all(jnp.isfinite(x)), message, throw)
+                ok = rms(operator(x) - unit) <= 2 * (atol + rtol * rms(unit))
+                return _checked(scale * x, ok & jnp.all(jnp.isfinite(x)), message, throw)
 
             return run
 
@@ -198,9 +205,11 @@ class _Krylov(AbstractLinearSolver):
 class GMRES(_Krylov):
     """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`): matrix-free, for large systems.
 
-    Stops when $\\operatorname{rms}(Ax - b) \\le \\text{atol} + \\text{rtol}
+    Solves for $b$ scaled to $\\operatorname{rms}(b) = 1$ (and scales back), and stops when
+    $\\operatorname{rms}(Ax - b) \\le (\\text{atol} + \\text{rtol})
     \\operatorname{rms}(b)$ (`None`: `eps ** 0.6` of the dtype), after at most about
-    `max_steps` products with $A$.
+    `max_steps` products with $A$. Both tolerances are relative: a gradient's scale is
+    arbitrary, and an absolute tolerance would return zero for a small cotangent.
     """
 
     rtol: float | None = eqx.field(default=None, static=True)

@@ -31,6 +31,10 @@ import jax
 import jax.numpy as jnp
 
 Factor = tuple[tuple[int, int], ...]
+#: The indices by which terms refer to the keys themselves and to the queries scaled by beta
+#: (not arrays of the pass: the keys travel once in the ring, and beta q is formed per chunk).
+KEYS = -1
+SCALED_QUERIES = -2
 
 
 class Term(NamedTuple):
@@ -39,8 +43,9 @@ class Term(NamedTuple):
     - `row`: `True` for $\sum_j w_{ij} X_j$ (one row per query, $X$ one row per key),
       `False` for $\sum_i w_{ij} X_i$ (one row per key, $X$ one row per query).
     - `factors`: the weights' factors; each a tuple of `(a, b)` pairs, the indices of a
-      per-query array $A$ and a per-key array $B$ in the pass's `arrays`, summed.
-    - `value`: the index of $X$ in `arrays`.
+      per-query array $A$ and a per-key array $B$ in the pass's `arrays` (`KEYS`: the keys,
+      `SCALED_QUERIES`: $\beta q$), summed.
+    - `value`: the index of $X$ in `arrays` (or `KEYS`, `SCALED_QUERIES`).
     """
 
     row: bool
@@ -163,9 +168,10 @@ def forward_finish(carry):
 # ----------------------------------------------------------------------------- the terms
 
 
-def terms_init(seq, arrays, terms, acc):
-    """The row terms' sums before any key."""
-    return tuple(jnp.zeros((seq, arrays[t.value].shape[1]), acc) for t in terms if t.row)
+def terms_init(seq, arrays, terms, acc, dim):
+    """The row terms' sums before any key (`dim`: the keys' and queries' width)."""
+    widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: dim, SCALED_QUERIES: dim}
+    return tuple(jnp.zeros((seq, widths[t.value]), acc) for t in terms if t.row)
 
 
 def terms_chunk(
@@ -174,8 +180,9 @@ def terms_chunk(
     r"""The terms over one chunk of keys (see the module docstring), block by block.
 
     `arrays` maps an index to its array: a per-query array is whole, a per-key array holds the
-    chunk's rows (`array_roles`). Returns the row terms' running sums (`carry`, in the order
-    of the row terms) and the column terms' rows for this chunk's keys.
+    chunk's rows (`array_roles`); `KEYS` is the chunk's keys. Returns the row terms' running
+    sums (`carry`, in the order of the row terms) and the column terms' rows for this chunk's
+    keys.
 
     A column term is a sum over the queries, per block $X^\top w_b$; it is taken as
     `(dim, seq) x (seq, block)`, against the transposed per-query array, and accumulated
@@ -185,11 +192,12 @@ def terms_chunk(
     seq, mem = q.shape[0], k.shape[0]
     acc = beta.dtype
     per_query, per_key = array_roles(terms)
+    sq, scale = _scaled_queries(q, beta)
+    arrays = {**arrays, KEYS: k, SCALED_QUERIES: sq if scale == 1.0 else beta * q.astype(acc)}
     # Per-query arrays in the accumulation dtype (transposed for the column terms' values).
     rows = {i: arrays[i].astype(acc) for i in per_query}
     cols_t = {t.value: rows[t.value].T for t in terms if not t.row}
     keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in sorted(per_key)}
-    sq, scale = _scaled_queries(q, beta)
     starts = jnp.arange(-(-mem // block_size)) * block_size
 
     def body(carry, xs):

@@ -32,21 +32,26 @@ vmaps these rules; a vmap over heads runs head by head on a CPU (`_passes._in_tu
 
 import equinox.internal as eqxi
 import jax.numpy as jnp
-from jax.interpreters import ad
+from jax.interpreters import ad, partial_eval as pe
 from jax.sharding import PartitionSpec
 
-from ._blocks import Term
+from ._blocks import KEYS, SCALED_QUERIES, Term
 from ._passes import Config, run_forward, run_terms
 
 
 class _Arrays:
-    """The arrays of a pass being built: each added once (by identity), by index."""
+    """The arrays of a pass being built: each added once (by identity), by index; the keys
+    themselves are not an operand but the index `KEYS` (so that the ring sends them once),
+    and $\beta q$ is `SCALED_QUERIES` (formed in each pass)."""
 
-    def __init__(self):
+    def __init__(self, keys):
+        self.keys = keys
         self.arrays: list = []
         self._index: dict[int, int] = {}
 
     def add(self, x) -> int:
+        if x is self.keys:
+            return KEYS
         if id(x) not in self._index:
             self._index[id(x)] = len(self.arrays)
             self.arrays.append(x)
@@ -81,7 +86,7 @@ def _terms_impl(*args, terms, config, has_mask):
 
 def _terms_abstract_eval(*avals, terms, config, has_mask):
     q, k, beta, _, *rest = avals
-    arrays = rest[1:] if has_mask else rest
+    arrays = {**dict(enumerate(rest[1:] if has_mask else rest)), KEYS: k, SCALED_QUERIES: q}
     return [
         _rows_like(q if term.row else k, arrays[term.value].shape[1], beta.dtype) for term in terms
     ]
@@ -117,16 +122,19 @@ def _terms_jvp(primals, tangents, *, terms, config, has_mask):
     t_arrays = t_rest[1:] if has_mask else t_rest
     out = attention_terms(q, k, beta, lse, mask, arrays, terms, config)
     acc = beta.dtype
-    new = _Arrays()
-    index = [new.add(x) for x in arrays]
-    tangent = [None if t is None else new.add(t) for t in t_arrays]
+    a = _query_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
+    arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None}
+    t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a}
+    new = _Arrays(k)
+    index = {i: new.add(x) for i, x in arrays.items() if i >= 0}
+    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES})
+    tangent = {i: None if t is None else new.add(t) for i, t in t_arrays.items()}
     # The scores' tangent as one factor: a_i . k_j + beta q_i . k'_j.
     score_pairs = []
-    a = _query_tangent(q, beta, t_q, t_beta)
     if a is not None:
-        score_pairs.append((new.add(a), new.add(k)))
+        score_pairs.append((new.add(a), KEYS))
     if t_k is not None:
-        score_pairs.append((new.add(beta * q.astype(acc)), new.add(t_k)))
+        score_pairs.append((SCALED_QUERIES, new.add(t_k)))
     score = tuple(score_pairs)
 
     t_terms, owner = [], []
@@ -149,7 +157,8 @@ def _terms_jvp(primals, tangents, *, terms, config, has_mask):
         values = t_arrays[term.value]
         if not term.row and t_lse is not None:
             # Column terms sum over the rows: -lse'_i enters as a scaling of the values.
-            shifted = -t_lse[:, None] * arrays[term.value].astype(acc)
+            value = beta * q.astype(acc) if term.value == SCALED_QUERIES else arrays[term.value]
+            shifted = -t_lse[:, None] * value.astype(acc)
             values = shifted if values is None else values.astype(acc) + shifted
         if values is not None:
             t_terms.append(Term(term.row, factors, new.add(values)))
@@ -176,9 +185,11 @@ def _terms_transpose(cts_out, *args, terms, config, has_mask):
     q, k, beta, lse = (jnp.asarray(x) for x in (q, k, beta, lse))
     mask = jnp.asarray(rest[0]) if has_mask else None
     arrays = rest[1:] if has_mask else rest
-    undefined = [isinstance(x, ad.UndefinedPrimal) for x in arrays]
-    new = _Arrays()
-    index = [None if u else new.add(jnp.asarray(x)) for x, u in zip(arrays, undefined, strict=True)]
+    undefined = {i: isinstance(x, ad.UndefinedPrimal) for i, x in enumerate(arrays)}
+    undefined[KEYS] = undefined[SCALED_QUERIES] = False
+    new = _Arrays(k)
+    index = {i: None if undefined[i] else new.add(jnp.asarray(x)) for i, x in enumerate(arrays)}
+    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES})
 
     def defined(f):
         return tuple((index[a], index[b]) for a, b in f)
@@ -266,7 +277,7 @@ def _forward_impl(*args, config, has_mask):
 def _forward_abstract_eval(*avals, config, has_mask):
     q, k, beta = avals[:3]
     return [
-        _rows_like(q, 1, beta.dtype).update(shape=q.shape[:1]),
+        _rows_like(q, None, beta.dtype),
         _rows_like(q, q.shape[1], beta.dtype),
     ]
 
@@ -281,20 +292,19 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     if a is None and t_k is None:
         return [lse, out], [jnp.zeros_like(lse), jnp.zeros_like(out)]
     acc = beta.dtype
-    arrays = _Arrays()
+    arrays = _Arrays(k)
     score = []
     if a is not None:
         score.append((arrays.add(a), arrays.add(k)))
     if t_k is not None:
-        bq = beta * q.astype(acc)
-        score.append((arrays.add(bq), arrays.add(t_k)))
+        score.append((SCALED_QUERIES, arrays.add(t_k)))
     terms = [Term(True, (tuple(score),), arrays.add(k))]  # sum_j p_ij s'_ij k_j
     if t_k is not None:
         terms.append(Term(True, (), arrays.add(t_k)))  # r_i = sum_j p_ij k'_j
     weighted, *r = attention_terms(q, k, beta, lse, mask, arrays.arrays, terms, config)
     t_lse = None if a is None else _rowdot(a, out)
     if r:
-        t_lse = _add(t_lse, _rowdot(bq, r[0]))
+        t_lse = _add(t_lse, beta * _rowdot(q.astype(acc), r[0]))
     t_out = weighted - t_lse[:, None] * out
     if r:
         t_out = t_out + r[0]
@@ -311,3 +321,23 @@ def _forward_transpose(cts, *args, config, has_mask):
 forward_p = eqxi.create_vprim(
     "attention_forward", _forward_impl, _forward_abstract_eval, _forward_jvp, _forward_transpose
 )
+
+
+def _terms_dce(used_outputs, *rest):
+    """Dead-code elimination of unused terms (their outputs are unused; JAX's rule would keep
+    or drop the whole pass). A forward-mode derivative of the energy alone does not use the
+    attention output's tangent: its terms are dropped before they are compiled. The rule's
+    signature gained `live_inputs` in JAX 0.11: the equation is the last argument."""
+    eqn = rest[-1]
+    if all(used_outputs):
+        return [True] * len(eqn.invars), eqn
+    if not any(used_outputs):
+        return [False] * len(eqn.invars), None
+    terms = tuple(t for t, used in zip(eqn.params["terms"], used_outputs, strict=True) if used)
+    outvars = [v for v, used in zip(eqn.outvars, used_outputs, strict=True) if used]
+    return [True] * len(eqn.invars), eqn.replace(
+        params={**eqn.params, "terms": terms}, outvars=outvars
+    )
+
+
+pe.dce_rules[terms_p] = _terms_dce

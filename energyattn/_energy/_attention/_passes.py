@@ -11,7 +11,16 @@ from typing import NamedTuple
 import jax
 
 from . import _cudnn
-from ._blocks import Term, forward_chunk, forward_finish, forward_init, terms_chunk, terms_init
+from ._blocks import (
+    KEYS,
+    SCALED_QUERIES,
+    Term,
+    forward_chunk,
+    forward_finish,
+    forward_init,
+    terms_chunk,
+    terms_init,
+)
 from ._ring import RingAxis, ring_forward, ring_terms
 
 
@@ -100,11 +109,12 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
             for t, term in enumerate(terms):
                 if not term.factors:
                     run = _cudnn.fused_rows if term.row else _cudnn.fused_columns
-                    fused[t] = run(q, k, beta, arrays[term.value])
+                    values = {KEYS: k, SCALED_QUERIES: beta * q}.get(term.value)
+                    fused[t] = run(q, k, beta, arrays[term.value] if values is None else values)
         rest = tuple(term for t, term in enumerate(terms) if t not in fused)
         acc = beta.dtype
         table = dict(enumerate(arrays))
-        init = terms_init(q.shape[0], table, rest, acc)
+        init = terms_init(q.shape[0], table, rest, acc, k.shape[1])
         args = (q, k, beta, lse, mask, table, rest, config.exclude_self, config.pass_block_size)
         rows, cols = terms_chunk(*args, init) if rest else ((), ())
         blockwise = iter(_in_order(rest, rows, cols))

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from ._blocks import (
+    KEYS,
+    SCALED_QUERIES,
     array_roles,
     forward_chunk,
     forward_finish,
@@ -124,9 +126,10 @@ def _local_forward(ring, q, k, beta, mask, exclude_self, block_size):
 def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, exclude_self, block_size):
     acc = beta.dtype
     _, per_key = array_roles(terms)
-    keyed = {i: arrays[i] for i in sorted(per_key)}
+    keyed = {i: arrays[i] for i in sorted(per_key - {KEYS})}
     whole = {i: a for i, a in arrays.items() if i not in per_key}
-    col_widths = [arrays[t.value].shape[1] for t in terms if not t.row]
+    widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: k.shape[1]}
+    widths[SCALED_QUERIES] = q.shape[1]
 
     def step(carry, travel, first_key):
         k_piece, keyed_piece = travel
@@ -135,9 +138,10 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, exclude_self, block
         args = (q, k_piece, beta, lse, mask_c, pieces, terms, exclude_self, block_size, carry)
         return terms_chunk(*args, offsets)
 
-    total = tuple(jnp.zeros((k.shape[0], w), acc) for w in col_widths) or None
-    init = terms_init(q.shape[0], arrays, terms, acc)
-    return ring_pass(ring, step, init, (k, keyed), total)
+    total = tuple(jnp.zeros((k.shape[0], widths[t.value]), acc) for t in terms if not t.row)
+    init = terms_init(q.shape[0], arrays, terms, acc, k.shape[1])
+    # The keys (and the arrays per key) travel; per-query arrays stay.
+    return ring_pass(ring, step, init, (k, keyed), total or None)
 
 
 def _on_ring(ring, local, split, whole, out_specs):
