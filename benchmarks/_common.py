@@ -79,6 +79,12 @@ def interleaved(
     }
 
 
+def print_row(row: dict[str, Any]) -> None:
+    """One JSON row on one line, floats to four significant digits."""
+    text = (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+    print(", ".join(text), flush=True)
+
+
 def write_rows(name: str, rows: list[dict[str, Any]]) -> Path:
     """Save rows (each with the environment added) to `benchmarks/results/<name>.json`."""
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, write_rows  # noqa: E402
+from _common import interleaved, print_row, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
 
@@ -138,11 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     def add(row):
         rows.append(row)
-        print(
-            ", ".join(
-                f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-            )
-        )
+        print_row(row)
 
     for seq in seqs:
         base = {mode: temp_mib(make(one_device("blockwise")), seq) for mode, make in MODES.items()}

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import jax.random as jr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_rows  # noqa: E402
+from _common import print_row, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
 
@@ -96,12 +96,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for a, b in zip(implicit, unrolled, strict=True)
             )
         rows.append(row)
-        print(
-            ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-            ),
-            flush=True,
-        )
+        print_row(row)
     path = write_rows("deq_attention_quick" if args.quick else "deq_attention", rows)
     print(f"wrote {path}")
     return rows

@@ -37,7 +37,7 @@ import jax.random as jr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _baseline  # noqa: E402
-from _common import interleaved, write_rows  # noqa: E402
+from _common import interleaved, print_row, write_rows  # noqa: E402
 from attention_speed import FLOPS_PER_ENTRY, ROOFLINE_SIZE, gflops, roofline_samples  # noqa: E402
 
 import energyattn as ea  # noqa: E402
@@ -112,12 +112,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     def add(row):
         rows.append(row)
-        print(
-            ", ".join(
-                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
-            ),
-            flush=True,
-        )
+        print_row(row)
 
     roofline_before = roofline_samples(2 * repeats + 1)
     for heads in heads_list:

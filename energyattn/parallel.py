@@ -466,13 +466,15 @@ def ring_hopfield_energy(
     `mask`). Each device keeps its queries and passes its memory chunk to the next device
     (`jax.lax.ppermute` inside `jax.shard_map`); after $P$ visits every query has seen every
     memory, and its running (online) log-sum-exp is that of the one-device blockwise path.
-    The gradient is a `jax.custom_vjp` whose backward pass sends the memory chunks round
-    again with their accumulating cotangents, and its own derivatives (Hessian-vector
-    products, training through a descent step) go round the ring as well. Per-device memory
-    is $O(\mathrm{seq}/P)$: a chunk of memories and a `(seq / P, block_size)` block of scores.
+    Every derivative, in forward and reverse mode and of any order (gradients, JVPs,
+    Hessian-vector products, training through a descent step, implicit solves), is a pass
+    that sends the memory chunks round again, with the running sums of the memories'
+    cotangents travelling home with them. Per-device memory is $O(\mathrm{seq}/P)$: a chunk
+    of memories and a `(seq / P, block_size)` block of scores.
 
-    Works eagerly and under `jax.jit`, `jax.grad` (any number of times) and `jax.vmap`; the
-    inputs may arrive on any devices (they are resharded).
+    Works eagerly and under `jax.jit`, `jax.grad`, `jax.jvp` (any number of times) and
+    `jax.vmap`, with any one-axis mesh (`jax.make_mesh`'s included); the inputs may arrive on
+    any devices (they are resharded).
     [`context_parallel`][energyattn.parallel.context_parallel] is the entry point for
     whole layers and models.
 

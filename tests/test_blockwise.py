@@ -231,3 +231,20 @@ def test_heads_in_turn_equals_batched_heads_through_a_descent(monkeypatch, getke
     monkeypatch.setattr(_policy, "HEADS_IN_TURN_ENTRIES", 0)  # every block is "large"
     in_turn = jax.jit(derivatives)(q)
     assert_trees_close(in_turn, batched, rtol=1e-12, atol=1e-12)
+
+
+def test_mixed_precision_queries_and_keys_every_mode(getkey):
+    # float32 queries against float64 keys (accumulation in float64): the blockwise path's
+    # derivatives scale the queries by beta themselves, in the accumulation dtype.
+    q = jr.normal(getkey(), (9, 4)).astype(jnp.float32)
+    m = jr.normal(getkey(), (11, 4))
+
+    def derivatives(impl):
+        def energy(q):
+            return ea.hopfield_energy(q, m, beta=0.5, implementation=impl, block_size=4)
+
+        v = jnp.ones_like(q)
+        return jax.grad(energy)(q), jax.jvp(jax.grad(energy), (q,), (v,))[1]
+
+    got, expected = jax.jit(lambda: (derivatives("blockwise"), derivatives("naive")))()
+    assert_trees_close(got, expected, rtol=1e-6, atol=1e-6)

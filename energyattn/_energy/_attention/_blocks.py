@@ -193,7 +193,8 @@ def terms_chunk(
     acc = beta.dtype
     per_query, per_key = array_roles(terms)
     sq, scale = _scaled_queries(q, beta)
-    arrays = {**arrays, KEYS: k, SCALED_QUERIES: sq if scale == 1.0 else beta * q.astype(acc)}
+    scaled = sq if q.dtype == acc else beta * q.astype(acc)
+    arrays = {**arrays, KEYS: k, SCALED_QUERIES: scaled}
     # Per-query arrays in the accumulation dtype (transposed for the column terms' values).
     rows = {i: arrays[i].astype(acc) for i in per_query}
     cols_t = {t.value: rows[t.value].T for t in terms if not t.row}
