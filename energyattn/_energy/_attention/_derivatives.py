@@ -1,8 +1,8 @@
 r"""The blockwise log-sum-exp's derivatives: forward mode first, reverse mode by transposition,
 any order, O(seq) memory.
 
-The forward pass (`attention_forward`, a `jax.custom_jvp`) returns the log-sum-exp and the
-attention output $o_i = \sum_j p_{ij} k_j$. With the scores' tangent
+The forward pass (`attention_forward`, the primitive `forward_p`, with a JVP rule and no
+transpose) returns the log-sum-exp and the attention output $o_i = \sum_j p_{ij} k_j$. With the scores' tangent
 $\dot s_{ij} = a_i\cdot k_j + \beta q_i\cdot\dot k_j$, $a_i = \beta\dot q_i + \dot\beta q_i$,
 
 $$\dot{\operatorname{lse}}_i = \sum_j p_{ij}\dot s_{ij}
@@ -26,8 +26,12 @@ Everything else is elementwise JAX, which JAX differentiates and transposes itse
 So reverse mode is JAX transposing the forward-mode rule, every pass that appears in a
 tangent or a transpose is again a `terms_p` with the same rules, and the residuals of every
 order are the inputs of the passes: O(seq) arrays, never a `(seq, mem)` matrix. The
-primitive is batched by `equinox.internal.create_vprim` (as lineax's linear solve is), which
-vmaps these rules; a vmap over heads runs head by head on a CPU (`_passes._in_turn`).
+primitives are batched by `equinox.internal.create_vprim` (as lineax's linear solve is), which
+vmaps these rules; a vmap over heads runs head by head on a CPU when the blocks are large
+(`_passes._in_turn`). They are primitives rather than `jax.custom_jvp`s because JAX then
+never looks inside their implementations (the head loop is a `custom_vmap`, which partial
+evaluation inside `lax.scan` rejects), and because a primitive can drop unused terms
+(`_terms_dce`).
 """
 
 import equinox.internal as eqxi
@@ -40,7 +44,7 @@ from ._passes import Config, run_forward, run_terms
 
 
 class _Arrays:
-    """The arrays of a pass being built: each added once (by identity), by index; the keys
+    r"""The arrays of a pass being built: each added once (by identity), by index; the keys
     themselves are not an operand but the index `KEYS` (so that the ring sends them once),
     and $\beta q$ is `SCALED_QUERIES` (formed in each pass)."""
 
