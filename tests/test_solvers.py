@@ -231,7 +231,9 @@ def _tanh_derivatives(W, x, v):
         ("newton", lambda x: implicit(x, ea.Newton())),
         ("unrolled", unrolled),
     ]:
-        _, (jvp, second) = jax.vmap(lambda t: jax.jvp(jax.value_and_grad(f), (x,), (t,)))(tangents)
+        _, (jvp, second) = jax.vmap(lambda t, f=f: jax.jvp(jax.value_and_grad(f), (x,), (t,)))(
+            tangents
+        )
         out[name] = (second[:-1], second[-1], jvp[-1])  # Hessian, HVP, JVP
     return out
 
@@ -354,7 +356,7 @@ def _coupled_cubic_solves(theta):
     return solve(auto), solve(dense), solve(starved), grad(auto), grad(dense)
 
 
-def test_newton_krylov_above_the_dense_limit_and_no_success_without_a_newton_step():
+def test_newton_krylov_above_the_dense_limit_and_no_success_without_a_root():
     n = 600
     assert not ea.Newton().matrix_free(512) and ea.Newton().matrix_free(513)
     assert not ea.Newton(jacobian="dense").matrix_free(10**6)
@@ -366,9 +368,13 @@ def test_newton_krylov_above_the_dense_limit_and_no_success_without_a_newton_ste
         np.testing.assert_allclose(_coupled_cubic(solution.value, theta), 0, atol=1e-12)
     np.testing.assert_allclose(auto.value, dense.value, atol=1e-12)
     np.testing.assert_allclose(grad_auto, grad_dense, rtol=1e-9, atol=1e-12)
-    # One product per Krylov solve never solves the Newton system to its tolerance: however
-    # small its steps, it may not say it converged.
-    assert starved.result != ea.RESULTS.successful
+    # One product per Krylov solve never solves the Newton system to its tolerance, so its
+    # small steps are no evidence: it may say it converged only where the residual itself is
+    # as small as the tolerances make it (relative to the start's).
+    rtol = atol = float(np.finfo(np.float64).eps) ** 0.6
+    start = np.sqrt(np.mean(np.square(_coupled_cubic(np.ones(n), theta))))
+    left = np.sqrt(np.mean(np.square(_coupled_cubic(np.asarray(starved.value), theta))))
+    assert starved.result != ea.RESULTS.successful or left <= atol + rtol * start
     with pytest.raises(ValueError, match="jacobian must be one of"):
         ea.Newton(jacobian="exact")
 

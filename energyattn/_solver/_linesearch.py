@@ -106,6 +106,55 @@ def backtrack(
     return Search(accepted, saw_nan, saw_feasible, k, trial)
 
 
+#: The most doublings of an accepted full step (2^64: from any start, an energy unbounded
+#: below along the direction falls 1/eps below it).
+MAX_DOUBLINGS = 64
+
+
+def expand(
+    value_fn: Callable[[Flat], tuple[Float[Array, ""], Float[Array, ""], Any]],
+    start: Trial,
+    accepted: Trial,
+    direction: Flat,
+    slope: Float[Array, ""],
+    *,
+    unrolled: bool,
+    first: Bool[Array, ""],
+) -> Trial:
+    """After the full step was accepted (`first`), try 2, 4, 8, ... times it while the
+    objective keeps falling at least 0.9 times as fast as the slope predicts (no curvature
+    yet); return the last such trial, or `accepted`. A convex model's Newton step falls at
+    half the slope and is never expanded; a linear or concave direction is, until the
+    objective reaches -inf or the unbounded test."""
+
+    eps = float(jnp.finfo(start.y.dtype).eps)
+
+    def nearly_linear(trial, alpha):
+        # ... and a fall beyond round-off: next to a minimum, where the values differ by
+        # round-off, noise must not look like a linear fall.
+        slack = 16 * eps * jnp.maximum(start.scale, trial.scale)
+        linear = trial.f <= start.f + 0.9 * alpha * slope
+        return linear & (trial.f < start.f - slack) & ~jnp.isnan(trial.f)
+
+    def cond(carry):
+        k, _, _, going = carry
+        return going & (k < MAX_DOUBLINGS)
+
+    def body(carry):
+        k, alpha, best, _ = carry
+        alpha = 2 * alpha
+        f, scale, aux = value_fn(start.y + alpha * direction)
+        trial = Trial(start.y + alpha * direction, f, scale, aux)
+        ok = nearly_linear(trial, alpha) & (f < best.f)
+        best = tree_where(ok, trial, best)
+        return k + 1, alpha, best, ok & (f > -jnp.inf)
+
+    one = jnp.ones((), start.y.dtype)
+    going = first & nearly_linear(accepted, one) & (accepted.f > -jnp.inf)
+    init = (jnp.zeros((), jnp.int32), one, accepted, going)
+    return bounded_while(cond, body, init, MAX_DOUBLINGS, unrolled)[2]
+
+
 # --------------------------------------------------------------------------------------------
 # Solvers that step along a direction with this line search: Newton and L-BFGS
 
@@ -120,6 +169,7 @@ class LineSearchState(NamedTuple):
     evaluated: Bool[Array, ""]  # `point` was evaluated before the first pass (no search then)
     start_value: Float[Array, ""]  # f(y0), for the unbounded test
     positive: Bool[Array, ""]  # curvature positive at the current iterate (minimise)
+    solved: Bool[Array, ""]  # the current direction solves its (Newton) system
     backtracks: Int[Array, ""]
 
 
@@ -182,6 +232,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             evaluated=jnp.asarray(start is not None),
             start_value=inf,
             positive=false,
+            solved=false,
             backtracks=jnp.zeros((), jnp.int32),
         )
 
@@ -199,6 +250,19 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             skip=~state.started & state.evaluated,
         )
         point = tree_where(search.accepted, search.trial, state.point)
+        if problem.kind == "minimise":
+            # A full step that fell as if the energy had no curvature along it is tried
+            # longer and longer: an energy unbounded below then reaches the unbounded test
+            # (1/eps below the start) in one pass instead of creeping down to max_steps.
+            point = expand(
+                value_fn,
+                state.point,
+                point,
+                state.direction,
+                state.slope,
+                unrolled=unrolled,
+                first=search.accepted & (search.tries == 1) & state.started,
+            )
         direction, slope, memory, positive, solved = self.propose(
             problem, point, args, state, unrolled
         )
@@ -211,7 +275,21 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         roundoff = jnp.sqrt(float(jnp.finfo(y.dtype).eps))
         flat = state.point.f - point.f <= roundoff * jnp.maximum(state.point.scale, point.scale)
         floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size) & flat
-        near = ((size <= tol) | (state.started & floor)) & solved
+        small = (size <= tol) | (state.started & floor)
+        # Only a step that solves its system measures the distance to the solution: a small
+        # steepest-descent step (a singular Jacobian) or a Krylov step that fell short does
+        # not. For a root, a small step that is not Newton's marks a stationary point of
+        # |F|^2 that is not a root.
+        if problem.kind == "minimise":
+            near, stuck = small & solved, jnp.zeros((), bool)
+        else:
+            # Or the residual itself is as small as the tolerances make it, relative to the
+            # start's (steepest descent reaches a non-isolated root, where J is singular).
+            start_value = jnp.where(state.started, state.start_value, point.f)
+            n = y.shape[0]
+            reached = jnp.sqrt(2 * point.f / n) <= atol + rtol * jnp.sqrt(2 * start_value / n)
+            near = small & (solved | reached)
+            stuck = small & ~near
         finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
         start_value = jnp.where(state.started, state.start_value, point.f)
         where = RESULTS.where
@@ -223,11 +301,14 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         else:
             unbounded = jnp.zeros((), bool)
         # A failed search next to the solution is round-off, not failure.
-        stalled_near = state.size <= jnp.sqrt(tol)
+        stalled_near = (state.size <= jnp.sqrt(tol)) & state.solved
+        # For a root, no decrease of |F|^2 along Newton's step means a Jacobian that does not
+        # describe F there: a singular one, at a stationary point of |F|^2 that is no root.
+        no_decrease = RESULTS.stalled if problem.kind == "minimise" else RESULTS.no_root
         failed = where(
             search.saw_nan,
             RESULTS.nonfinite,
-            where(search.saw_feasible, RESULTS.stalled, RESULTS.infeasible),
+            where(search.saw_feasible, no_decrease, RESULTS.infeasible),
         )
         converged = finite & jnp.where(search.accepted, near, stalled_near)
         result = where(
@@ -236,7 +317,11 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             where(
                 ~search.accepted & ~converged,
                 failed,
-                where(~finite, RESULTS.nonfinite, RESULTS.successful),
+                where(
+                    ~finite,
+                    RESULTS.nonfinite,
+                    where(stuck & search.accepted, RESULTS.no_root, RESULTS.successful),
+                ),
             ),
         )
         if problem.kind == "minimise":
@@ -253,6 +338,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             evaluated=state.evaluated,
             start_value=start_value,
             positive=positive,
+            solved=solved,
             backtracks=state.backtracks + jnp.where(state.started, search.tries - 1, 0),
         )
         return point.y, new_state, took_step, converged, result

@@ -46,7 +46,10 @@ def shifted_cholesky(
     upper, positive = factor(jnp.zeros((), hessian.dtype))
     diag = jnp.diagonal(hessian)
     finfo = jnp.finfo(hessian.dtype)
-    size = jnp.maximum(jnp.max(jnp.abs(diag)), finfo.tiny / finfo.eps)
+    # A Hessian with a zero diagonal (a linear energy) has no scale of its own: shift by
+    # multiples of 1e-3 then, not of the smallest normal number (a step of 1e300).
+    top = jnp.max(jnp.abs(diag))
+    size = jnp.where(top > 0, jnp.maximum(top, finfo.tiny / finfo.eps), 1.0)
     tau0 = jnp.maximum(0, -jnp.min(diag)) + 1e-3 * size
 
     def cond(carry):
@@ -176,12 +179,16 @@ class Newton(AbstractLineSearchSolver):
         jacobian = jax.jacfwd(problem.residual)(point.y, args)
         lu = jsl.lu_factor(jacobian)
         newton = -jsl.lu_solve(lu, residual)
-        ok = jnp.all(jnp.isfinite(newton))
+        # The Newton step must solve J d = -F: a singular Jacobian gives inf or NaN, or a
+        # finite step that leaves F's component outside J's range unsolved.
+        eps = float(jnp.finfo(residual.dtype).eps)
+        error = jacobian @ jnp.where(jnp.isfinite(newton), newton, 0) + residual
+        ok = jnp.all(jnp.isfinite(newton)) & (rms(error) <= eps**0.5 * (rms(residual) + eps))
         # A singular Jacobian: steepest descent on the merit 1/2 |F|^2 instead.
         steepest = -(jacobian.T @ residual)
         direction = jnp.where(ok, newton, steepest)
         slope = jnp.where(ok, -jnp.sum(jnp.square(residual)), -jnp.sum(jnp.square(steepest)))
-        return direction, slope, lu, true, true
+        return direction, slope, lu, true, ok
 
     def _krylov_direction(self, problem, point, args, unrolled):
         # No factorisation to keep: the implicit adjoint solves matrix-free as well.

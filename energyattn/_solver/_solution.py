@@ -48,6 +48,11 @@ class RESULTS(eqx.Enumeration):
         "the line search found no point that decreases the objective along the step, far "
         "from convergence (round-off, or a non-smooth objective); loosen the tolerances"
     )
+    no_root = (
+        "the solver stopped where the residual's size |F|^2 no longer decreases but F is not "
+        "zero: there may be no root (or fixed point) near the start, or the Jacobian is "
+        "singular there; try another start, or check that a solution exists"
+    )
 
 
 class Solution(eqx.Module):

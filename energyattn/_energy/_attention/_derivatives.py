@@ -2,8 +2,9 @@ r"""The blockwise log-sum-exp's derivatives: forward mode first, reverse mode by
 any order, O(seq) memory.
 
 The forward pass (`attention_forward`, the primitive `forward_p`, with a JVP rule and no
-transpose) returns the log-sum-exp and the attention output $o_i = \sum_j p_{ij} k_j$. With the scores' tangent
-$\dot s_{ij} = a_i\cdot k_j + \beta q_i\cdot\dot k_j$, $a_i = \beta\dot q_i + \dot\beta q_i$,
+transpose) returns the log-sum-exp and the attention output $o_i = \sum_j p_{ij} k_j$. With
+the scores' tangent $\dot s_{ij} = a_i\cdot k_j + \beta q_i\cdot\dot k_j$,
+$a_i = \beta\dot q_i + \dot\beta q_i$,
 
 $$\dot{\operatorname{lse}}_i = \sum_j p_{ij}\dot s_{ij}
   = a_i\cdot o_i + \beta\, q_i\cdot r_i,\qquad r_i = \sum_j p_{ij}\dot k_j,$$

@@ -1,0 +1,123 @@
+"""The solvers' contract: `successful` only where the solver's own stopping test holds for the
+problem it was given, per example under `vmap`, on problems with and without a solution.
+
+- a root: the residual, $\\operatorname{rms}(F) \\le \\text{atol} + \\text{rtol}\\,
+  \\operatorname{rms}(F(y_0))$ (after a small Newton step), else `RESULTS.no_root` where
+  $|F|^2$ stops falling;
+- a fixed point: $\\operatorname{rms}(f(y) - y) \\le \\text{atol} + \\text{rtol}\\,
+  \\operatorname{rms}(f(y))$ for Picard and Anderson, the root test for Newton;
+- a minimum: a small gradient, the energy below the start, positive curvature; an energy
+  unbounded below gives `RESULTS.unbounded`.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import energyattn as ea
+
+N = 3
+#: A batch of problems: the sign of c decides whether a solution exists (c[0] exactly 0).
+C = np.concatenate([[0.0], np.random.default_rng(0).uniform(-2, 2, 15)])
+
+
+def rms(x):
+    return np.sqrt(np.mean(np.square(x), axis=-1))
+
+
+def squares(y, c):  # roots y^2 = -c: none for c > 0, the double root 0 for c = 0
+    return y**2 + c + 0.1 * jnp.roll(y, 1) * y
+
+
+def square_map(y, c):  # fixed points y^2 = c: none for c < 0
+    return y - 0.5 * (y**2 - c)
+
+
+def quadratic(x, c):  # c x^2 + x: a minimum for c > 0, unbounded below otherwise
+    return jnp.sum(c * x**2 + x + 0.1 * x * jnp.roll(x, 1) * jnp.abs(c))
+
+
+ROOTS = [ea.Newton(), ea.Newton(jacobian="matrix-free")]
+FIXED = [ea.Picard(), ea.Anderson(), ea.Newton()]
+MINIMA = [ea.LBFGS(), ea.Newton(), ea.Newton(jacobian="matrix-free")]
+
+
+@eqx.filter_jit
+def solve_all(c):
+    one = jnp.full(N, 0.7)
+
+    def batch(entry, fn, solvers):
+        return [
+            jax.vmap(lambda c, s=s: entry(fn, one, c, solver=s, throw=False))(c) for s in solvers
+        ]
+
+    return (
+        batch(ea.root_find, squares, ROOTS),
+        batch(ea.fixed_point, square_map, FIXED),
+        batch(ea.minimise, quadratic, MINIMA),
+    )
+
+
+@pytest.fixture(scope="module")
+def solutions():
+    return jax.device_get(solve_all(C))
+
+
+def test_roots_only_where_the_residual_is_small(solutions):
+    roots, _, _ = solutions
+    start = rms(np.asarray(jax.vmap(squares, (None, 0))(jnp.full(N, 0.7), C)))
+    for solver, sol in zip(ROOTS, roots, strict=True):
+        ok = np.asarray(sol.result == ea.RESULTS.successful)
+        left = rms(np.asarray(jax.vmap(squares)(sol.value, C)))
+        tol = float(np.finfo(np.float64).eps) ** 0.6
+        assert np.all(left[ok] <= tol + tol * start[ok]), repr(solver)
+        assert not np.any(ok & (C > 0)), repr(solver)  # no real root: never a success
+        assert np.all(ok[C < -0.5]), repr(solver)  # simple roots exist and are found
+        assert np.all(np.asarray(sol.result == ea.RESULTS.no_root)[C > 0]), repr(solver)
+
+
+def test_fixed_points_only_where_the_map_is_fixed(solutions):
+    _, fixed, _ = solutions
+    for solver, sol in zip(FIXED, fixed, strict=True):
+        ok = np.asarray(sol.result == ea.RESULTS.successful)
+        f = np.asarray(jax.vmap(square_map)(sol.value, C))
+        left, size = rms(f - np.asarray(sol.value)), rms(f)
+        assert np.all(left[ok] <= 1e-5 * size[ok] + 1e-6), repr(solver)
+        assert not np.any(ok & (C < 0)), repr(solver)
+
+
+def test_minima_only_where_there_is_one_and_unbounded_energies_say_so(solutions):
+    _, _, minima = solutions
+    x0 = jnp.full(N, 0.7)
+    start = np.asarray(jax.vmap(quadratic, (None, 0))(x0, C))
+    for solver, sol in zip(MINIMA, minima, strict=True):
+        ok = np.asarray(sol.result == ea.RESULTS.successful)
+        grad = np.asarray(jax.vmap(jax.grad(quadratic))(sol.value, C))
+        energy = np.asarray(jax.vmap(quadratic)(sol.value, C))
+        assert np.all(rms(grad)[ok] <= 1e-6), repr(solver)
+        assert np.all(energy[ok] <= start[ok]), repr(solver)
+        assert not np.any(ok & (C <= 0)), repr(solver)
+        assert np.all(np.asarray(sol.result == ea.RESULTS.unbounded)[C <= 0]), repr(solver)
+        assert np.all(ok[C > 0.2]), repr(solver)
+
+
+def test_the_audits_false_successes(user_mode):
+    # Each of these was reported "successful" at a point that is not a solution (issue 33).
+    solve = eqx.filter_jit(ea.root_find)
+    sol = solve(lambda y, a: y**2 + 1, jnp.zeros(2), throw=False)
+    assert sol.result == ea.RESULTS.no_root
+    with pytest.raises(eqx.EquinoxRuntimeError, match="no root"):
+        solve(lambda y, a: y**2 + 1, jnp.zeros(2))
+    a, b = jnp.array([[1.0, 1.0], [1.0, 1.0]]), jnp.array([1.0, 2.0])
+    sol = solve(lambda y, _: a @ y - b, jnp.zeros(2), throw=False)  # inconsistent
+    assert sol.result == ea.RESULTS.no_root
+    sol = eqx.filter_jit(ea.fixed_point)(
+        lambda y, _: jnp.abs(y) + 1, jnp.ones(2), solver=ea.Newton(), throw=False
+    )
+    assert sol.result == ea.RESULTS.no_root
+    for solver in MINIMA:
+        for energy in (lambda x, _: -jnp.sum(x**2), lambda x, _: jnp.sum(x)):
+            sol = eqx.filter_jit(ea.minimise)(energy, jnp.ones(2), solver=solver, throw=False)
+            assert sol.result == ea.RESULTS.unbounded, repr(solver)
