@@ -310,3 +310,25 @@ def test_viz_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"energyattn\[examples\]"):
         viz.plot_energies({"c": np.zeros(3)}, tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"bench"}))
+def test_an_output_file_that_cannot_be_written_fails_before_any_work(
+    tmp_path, capsys, monkeypatch, command
+):
+    """A folder where the command will write metrics.json: one line naming that path, before
+    any data are loaded (it used to fail after the whole run). An empty --out is an error."""
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were loaded before the outputs were checked")
+
+    monkeypatch.setattr(ea.data, "load_digits", no_data)
+    (tmp_path / "metrics.json").mkdir()
+    assert main([command, "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"energyattn {command}: error: "), err
+    assert str(tmp_path / "metrics.json") in err and "is a folder" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main([command, "--out", ""])
+    assert "--out must name a folder" in capsys.readouterr().err

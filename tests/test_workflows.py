@@ -167,3 +167,16 @@ def test_mismatched_or_truncated_checkpoint_is_named(tmp_path):
     # The resume path of every train_* reports the same.
     with pytest.raises(ValueError, match="is truncated or not a checkpoint"):
         train_tiny("inpainting", 1, checkpoint=path)
+
+
+def test_a_checkpoint_that_could_not_be_read_never_replaces_a_good_one(tmp_path, user_mode):
+    path = tmp_path / "run.eqx"
+    good = {"w": np.ones(3), "step": np.asarray(7)}
+    ea.models.save_checkpoint(path, good)
+    before = path.read_bytes()
+    bad = {"w": np.array([object(), None], dtype=object), "step": np.asarray(8)}
+    with pytest.raises(ValueError, match=r"cannot save w in a checkpoint.*dtype object"):
+        ea.models.save_checkpoint(path, bad)
+    assert path.read_bytes() == before
+    assert int(ea.models.load_checkpoint(path, good)["step"]) == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["run.eqx"]  # no partial file left

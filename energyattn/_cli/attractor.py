@@ -235,7 +235,9 @@ def run_attractor_demo(
     tasks = tuple(tasks)
     if not tasks or any(task not in TASK_TITLES for task in tasks):
         raise ValueError(f"tasks must be a non-empty subset of {tuple(TASK_TITLES)}, got {tasks}")
-    out = check_out(out)  # before any data, compilation or training
+    figures = [f"reconstructions_{task}.png" for task in tasks]
+    names = ("couplings.png", "mse_vs_iteration.png", "metrics.json", *figures)
+    out = check_out(out, *names)  # before any data, compilation or training
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images, np.float32)[:, None]
     eval_key = jr.PRNGKey(seed + 100)

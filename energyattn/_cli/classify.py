@@ -114,7 +114,7 @@ def run_classify_demo(
     from ..data import load_digits, load_mnist
     from ..models import MeanFieldClassifier, evaluate_classifier, train_classifier
 
-    out = check_out(out)
+    out = check_out(out, "model.eqx", "metrics.json")
     if mnist is None:
         train, test = load_digits("train"), load_digits("test")
         model = MeanFieldClassifier(key=jr.PRNGKey(seed))

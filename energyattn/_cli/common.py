@@ -106,12 +106,19 @@ def fail(command: str, message: str) -> int:
     return 1
 
 
-def check_out(out: str | os.PathLike) -> Path:
-    """Create and probe a command's output folder before any work: an `OSError` naming it
-    (`NotADirectoryError`, `PermissionError`) when files cannot be written there."""
-    from .._io import check_output_dir
+def check_out(out: str | os.PathLike, *names: str) -> Path:
+    """Create and probe a command's output folder, and every file `names` it will write
+    there, before any work: an `OSError` naming the path (`NotADirectoryError`,
+    `IsADirectoryError`, `PermissionError`) when one cannot be written. An empty `--out` is a
+    `ValueError` (it would write into the current folder)."""
+    from .._io import check_output_dir, check_output_file
 
-    return check_output_dir(out)
+    if not str(out).strip():
+        raise ValueError("--out must name a folder, got an empty path")
+    folder = check_output_dir(out)
+    for name in names:
+        check_output_file(folder / name, what="output file")
+    return folder
 
 
 def run(

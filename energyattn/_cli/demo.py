@@ -163,7 +163,7 @@ def run_demo(
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
         raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     say = progress if progress is not None else (lambda line: None)
-    out = check_out(out_dir)
+    out = check_out(out_dir, "inpainting.png", "energies.png", "model.npz", "metrics.json")
     start = time.perf_counter()
     train = ea.data.load_digits("train")
     test = ea.data.load_digits("test")

@@ -183,7 +183,8 @@ def run_ham_demo(
         train_classifier,
     )
 
-    out = check_out(out)  # before any data, compilation or training
+    names = ("ham.eqx", "feedforward.eqx", "descent.png", "metrics.json")
+    out = check_out(out, *names)  # before any data, compilation or training
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)[:, None]
     test_images = np.asarray(test.images, np.float32)[:, None]

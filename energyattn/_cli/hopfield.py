@@ -262,7 +262,7 @@ def run_hopfield_demo(
     if not 0.0 <= corruption <= 1.0:
         raise ValueError(f"corruption must be in [0, 1], got {corruption!r}")
     say = progress if progress is not None else (lambda line: None)
-    out = check_out(out_dir)
+    out = check_out(out_dir, "retrieval.png", "energies.png", "metrics.json")
     start = time.perf_counter()
 
     patterns_np, labels = stored_digits(num_patterns)

@@ -209,7 +209,9 @@ def run_landscape_demo(
     num_dims = positive_int("num_dims", num_dims, minimum=2)
     num_scales = positive_int("num_scales", num_scales, minimum=2)
     num_points = positive_int("num_points", num_points, minimum=2)
-    out = check_out(out_dir)
+    figures = [f"flatland_{name}.png" for name in SCENARIOS]
+    names = ("flatland.png", "flatland_energies.png", "self_attention_contour.png", *figures)
+    out = check_out(out_dir, *names, "metrics.json")
     start = time.perf_counter()
     k_states, k_stored, k_qkv, k_contour, k_check = jr.split(jr.key(seed), 5)
     states = jr.normal(k_states, (num_states, 2))

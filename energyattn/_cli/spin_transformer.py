@@ -151,7 +151,7 @@ def run_smt_demo(
     unknown = set(models) - set(MODELS)
     if unknown or not models:
         raise ValueError(f"models must be a non-empty subset of {MODELS}, got {models!r}")
-    out = check_out(out)  # fail now, not after minutes of training
+    out = check_out(out, "training_loss.png", "metrics.json")  # before minutes of training
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)
     test_images = np.asarray(test.images, np.float32)

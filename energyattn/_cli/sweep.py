@@ -143,7 +143,8 @@ def run_sweep_demo(
         raise ValueError(f"betas must be a non-empty sequence of values > 0, got {betas!r}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
-    out = check_out(out_dir)
+    names = ("phi.png", "beta_sweep.png", "landscape.png", "couplings.png", "metrics.json")
+    out = check_out(out_dir, *names)
     start = time.perf_counter()
     k_layer, k_x = jr.split(jr.key(seed))
     layer = ea.nn.VectorSpinAttention(

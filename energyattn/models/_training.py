@@ -108,8 +108,26 @@ def save_checkpoint(path: str | Path, tree: PyTree) -> None:
     ```
     """
     path = check_output_file(path, what="checkpoint")
-    with atomic_output(path) as partial, open(partial, "wb") as file:
-        eqx.tree_serialise_leaves(file, tree)
+    for keypath, leaf in jtu.tree_leaves_with_path(tree):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is not None and np.dtype(dtype).kind not in "biufc":
+            raise ValueError(
+                f"cannot save {_leaf_name(keypath)} in a checkpoint: an array of dtype "
+                f"{np.dtype(dtype)}; a checkpoint holds numbers (bool, int, float, complex)"
+            )
+    with atomic_output(path) as partial:
+        with open(partial, "wb") as file:
+            eqx.tree_serialise_leaves(file, tree)
+        # Read back before it replaces the old file: a checkpoint that cannot be loaded never
+        # replaces one that can.
+        try:
+            with open(partial, "rb") as file:
+                eqx.tree_deserialise_leaves(file, tree)
+        except Exception as error:
+            raise ValueError(
+                f"the checkpoint written for {str(path)!r} could not be read back ({error}); "
+                "the previous file, if any, is left as it was"
+            ) from None
 
 
 def _leaf_name(keypath: tuple) -> str:
