@@ -60,6 +60,9 @@ def check_matching_dim(
     """
     check_shape(query_name, query, query_dims)
     check_shape(memory_name, memory, memory_dims)
+    for name, x in ((query_name, query), (memory_name, memory)):
+        if jnp.iscomplexobj(x):
+            raise ValueError(f"{name} must be real, got complex dtype {jnp.result_type(x)}")
     q_shape, m_shape = tuple(np.shape(query)), tuple(np.shape(memory))
     dq = q_shape[query_dims.split().index("dim")]
     dm = m_shape[memory_dims.split().index("dim")]
@@ -137,10 +140,12 @@ def check_values(name: str, value: Any, condition: Callable[[Any], Any], require
 
 
 def check_positive(name: str, value: Any) -> Array:
-    """Require a scalar `value > 0`: `ValueError` when concrete, a runtime error when traced."""
+    """Require a finite scalar `value > 0`: `ValueError` when concrete, a runtime error when
+    traced (an infinite inverse temperature or step size gives NaN, not a limit)."""
     if np.ndim(value) != 0:
         raise ValueError(f"{name} must be a scalar, got shape {shape_str(np.shape(value))}")
-    return check_values(name, value, lambda v: v > 0, "> 0")
+    value = check_values(name, value, lambda v: v > 0, "> 0")
+    return check_values(name, value, lambda v: v < np.inf, "finite")
 
 
 def _is_split(x: Any) -> bool:

@@ -147,7 +147,12 @@ def _batch(shape):
 
 
 def test_implicit_layers_throw_false_are_per_example_under_vmap():
-    nonfinite = int(ea.RESULTS.nonfinite._value)
+    # The bad example's input holds NaN: the mean-field solve (through ea.fixed_point) says
+    # the input is to blame; the spin layer's saddle point reports its non-finite iterate.
+    codes = {
+        "mean field": int(ea.RESULTS.nonfinite_input._value),
+        "spin": int(ea.RESULTS.nonfinite._value),
+    }
     x = _batch((3, 2))
     clean = x.at[1].set(0.0)  # the same batch without the bad example: same compilation
     mean_field = ea.nn.MeanFieldAttention(3, 2, throw=False, key=jr.key(0))
@@ -160,7 +165,7 @@ def test_implicit_layers_throw_false_are_per_example_under_vmap():
         run = eqx.filter_jit(jax.vmap(run))
         out, solution = run(x)  # nothing raises
         reference, _ = run(clean)
-        assert solution.result._value.tolist() == [0, nonfinite, 0], name
+        assert solution.result._value.tolist() == [0, codes[name], 0], name
         np.testing.assert_array_equal(out[::2], reference[::2])
         # The bad example: the start (zeros: no finite iterate) for the mean-field layer,
         # NaN magnetizations for the spin layer.
@@ -203,3 +208,21 @@ def test_float32_saddle_point_with_huge_fields():
     assert f32.value.dtype == jnp.float32
     assert bool(f32.converged)
     np.testing.assert_allclose(f32.value, f64.value, rtol=1e-5)
+
+
+def test_the_audits_messages_name_their_cause(user_mode):
+    q, m = jnp.ones((3, 4)), jnp.ones((5, 4))
+    with pytest.raises(ValueError, match="query must be real, got complex dtype complex"):
+        ea.hopfield_energy(q + 1j, m)
+    with pytest.raises(ValueError, match="beta must be finite, got inf"):
+        ea.hopfield_energy(q, m, beta=float("inf"))
+    with pytest.raises(ValueError, match="beta must be finite, got inf"):
+        ea.nn.HopfieldAttention(4, beta=float("inf"), key=jr.key(0))(q)
+    with pytest.raises(ValueError, match=r"J and H disagree.*\(4, 4\).*\(5, 3\)"):
+        ea.spin.saddle_point(0.1 * jnp.eye(4), jnp.ones((5, 3)), 1.0)
+    with pytest.raises(ValueError, match=r"^input must have shape \(stored, dim=4\), got \(3, 5\)"):
+        ea.nn.Hopfield(4, key=jr.key(0))(jnp.ones((3, 5)))
+    solution = eqx.filter_jit(ea.minimise)(
+        lambda x, a: jnp.sum((x - a) ** 2), jnp.ones(2), jnp.array([jnp.nan, 1.0]), throw=False
+    )
+    assert solution.result == ea.RESULTS.nonfinite_input

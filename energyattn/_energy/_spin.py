@@ -52,7 +52,13 @@ def check_system(
     triangle, so an asymmetric $J$ would otherwise be silently misread.
     """
     check_shape("H", H, "spins dim")
-    check_shape("J", J, "spins spins", spins=np.shape(H)[0])
+    check_shape("J", J, "spins spins")
+    if np.shape(J)[0] != np.shape(H)[0]:
+        # Neither is wrong alone: name both.
+        raise ValueError(
+            f"J and H disagree on the number of spins: J has shape {np.shape(J)} (spins "
+            f"{np.shape(J)[0]}) but H has shape {np.shape(H)} (spins {np.shape(H)[0]})"
+        )
     beta = check_positive("beta", beta)
     dtype = jnp.promote_types(jnp.result_type(J, H, beta, *extra), jnp.float32)
     if not jnp.issubdtype(dtype, jnp.floating):

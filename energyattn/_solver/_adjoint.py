@@ -37,7 +37,7 @@ from ._iterate import (
     no_grad,
 )
 from ._linear import AbstractLinearSolver, AutoLinearSolver, describing
-from ._solution import Solution, finish
+from ._solution import RESULTS, Solution, finish
 
 
 class AbstractAdjoint(eqx.Module):
@@ -272,6 +272,13 @@ def solve_problem(
     problem, flat0, unravel = flatten_problem(kind, fn, y0, args)
     solution, _ = adjoint.solve(solver, problem, flat0, args, max_steps=max_steps, throw=throw)
     solution = eqx.tree_at(lambda s: s.value, solution, unravel(solution.value))
+    # A non-finite iterate that came from non-finite inputs says so (not "the iterate").
+    inputs = [x for x in jax.tree.leaves((flat0, args)) if eqx.is_inexact_array(x)]
+    if inputs:
+        bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in inputs]))
+        blamed = (solution.result == RESULTS.nonfinite) & bad
+        result = RESULTS.where(blamed, RESULTS.nonfinite_input, solution.result)
+        solution = eqx.tree_at(lambda s: s.result, solution, result)
     if check is not None:
         solution = check(solution)
     return finish(solution, bool(throw))

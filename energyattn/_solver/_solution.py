@@ -21,6 +21,10 @@ class RESULTS(eqx.Enumeration):
         "solver's tolerances (`rtol`, `atol`), or pass `throw=False` to inspect the last iterate"
     )
     nonfinite = "the iterate or its residual became non-finite (NaN or inf)"
+    nonfinite_input = (
+        "the initial guess or the arguments (args) hold NaN or inf, and the iterate became "
+        "non-finite from them: check the inputs"
+    )
     diverged = (
         "the iteration diverged: its residual grew far above the smallest one seen; the map is "
         "probably not a contraction (e.g. couplings with spectral radius above 1), so try "

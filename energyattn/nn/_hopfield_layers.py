@@ -474,21 +474,25 @@ class Hopfield(eqx.Module):
                     f"state_pattern, pattern_projection), got a sequence of {len(input)}"
                 )
             stored, state, projection = input
+            names = ("stored_pattern", "state_pattern", "pattern_projection")
         else:
+            # One array is all three: errors name it as the caller passed it.
             stored = state = projection = input
-        check_shape("stored_pattern", stored, "stored dim", dim=self.stored_pattern_size)
-        check_shape("state_pattern", state, "state_len dim", dim=self.input_size)
+            names = ("input",) * 3
+        check_shape(names[0], stored, "stored dim", dim=self.stored_pattern_size)
+        check_shape(names[1], state, "state_len dim", dim=self.input_size)
         check_shape(
-            "pattern_projection",
+            names[2],
             projection,
             "stored dim",
             stored=np.shape(stored)[0],
             dim=self.pattern_projection_size,
         )
-        return (
-            check_finite("stored_pattern", stored),
-            check_finite("state_pattern", state),
-            check_finite("pattern_projection", projection),
+        if names[0] == "input":
+            checked = check_finite("input", stored)
+            return checked, checked, checked
+        return tuple(
+            check_finite(n, x) for n, x in zip(names, (stored, state, projection), strict=True)
         )
 
     def _allowed(
