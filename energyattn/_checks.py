@@ -301,3 +301,14 @@ def num_corrupted(fraction: Any, size: int) -> int:
 def default_dtype(dtype: Any) -> Any:
     """`dtype`, or JAX's default float dtype (float64 under x64) when it is `None`."""
     return jnp.result_type(float) if dtype is None else dtype
+
+
+def runtime_message(error: Exception) -> str:
+    """The message an `eqx.error_if` check carried, without Equinox's stack notes (its text
+    follows the last "EquinoxRuntimeError: " of the exception's string)."""
+    text = str(error)
+    marker = "EquinoxRuntimeError: "
+    if marker in text:
+        text = text[text.rindex(marker) + len(marker) :]
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__

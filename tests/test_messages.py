@@ -226,3 +226,25 @@ def test_the_audits_messages_name_their_cause(user_mode):
         lambda x, a: jnp.sum((x - a) ** 2), jnp.ones(2), jnp.array([jnp.nan, 1.0]), throw=False
     )
     assert solution.result == ea.RESULTS.nonfinite_input
+
+
+def test_nan_weights_and_cli_failures_are_named(tmp_path, capsys, user_mode):
+    from energyattn._cli.app import main
+
+    layer = ea.nn.Hopfield(4, key=jr.key(0))
+    state = {name: np.array(value) for name, value in layer.to_state_dict().items()}
+    name = next(iter(state))
+    state[name].flat[0] = np.nan
+    with pytest.raises(ValueError, match=f"'{name}' holds NaN or inf"):
+        ea.nn.Hopfield.from_state_dict(state, input_size=4)
+    # Integer flags are bounded (they become int32 arrays), not OverflowError tracebacks.
+    for flag in ("--train-steps", "--seed"):
+        with pytest.raises(SystemExit):
+            main(["demo", flag, str(10**14), "--out", str(tmp_path)])
+        assert f"argument {flag}: must be <= 2147483647" in capsys.readouterr().err
+    # A run that fails numerically is one line naming the flags that set its sizes.
+    argv = ["ham", "--step-size", "1000", "--train-steps", "1", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("energyattn ham: error: ea.descend: the descent diverged"), err
+    assert "(check --step-size and --learning-rate)" in err and err.count("\n") == 1

@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .common import (
+    SEED,
     add_command,
     add_progress_flag,
     check_out,
@@ -73,7 +74,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--no-baselines", action="store_true", help="train and evaluate the attractor only"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, batches and noise")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches and noise")
     add_progress_flag(parser, "the progress bars")
     parser.set_defaults(run=lambda args: main(args, parser))
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from .common import (
     POSITIVE,
+    SEED,
     add_command,
     add_progress_flag,
     check_out,
@@ -54,7 +55,7 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="stop training after this many seconds (default: no limit)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and batches")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
     add_progress_flag(parser)
     parser.set_defaults(run=lambda args: main(args, parser))
 

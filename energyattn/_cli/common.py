@@ -14,8 +14,13 @@ from typing import Any
 OUT_ROOT = "energyattn-out"
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `low`."""
+#: The largest integer a flag takes: counts and seeds become int32 arrays (a larger one
+#: ended in an OverflowError traceback).
+INT_MAX = 2**31 - 1
+
+
+def int_at_least(low: int, high: int = INT_MAX) -> Callable[[str], int]:
+    """An argparse type: an integer from `low` to `high`."""
 
     def parse(text: str) -> int:
         try:
@@ -24,6 +29,8 @@ def int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
         return value
 
     return parse
@@ -45,6 +52,8 @@ def number(check: Callable[[float], bool], requirement: str) -> Callable[[str], 
 
 
 POSITIVE = number(lambda v: v > 0, "> 0")
+#: A PRNG seed: any int32.
+SEED = int_at_least(-(2**31))
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -127,19 +136,29 @@ def run(
     fn: Callable[..., dict],
     *args: Any,
     errors: tuple[type[Exception], ...] = (ImportError,),
+    flags: str = "",
     **kwargs: Any,
 ) -> dict | None:
     """Run a command's `fn`; `None` (after saying why, on one line) when the environment lacks
-    something (`errors`, e.g. an optional dependency or a data file) or an output cannot be
-    written.
+    something (`errors`, e.g. an optional dependency or a data file), an output cannot be
+    written, or the run itself fails numerically (training diverged, a descent blew up: the
+    line then names the command's `flags` that set its sizes, e.g. "--learning-rate").
 
     Settings that argparse cannot check alone raise `ValueError` in `fn`; they exit through
     `parser.error` (status 2) like any bad argument.
     """
+    import equinox as eqx
+
+    from .._checks import runtime_message
+
     try:
         return fn(*args, **kwargs)
     except (OSError, *errors) as error:
         fail(command, str(error))
+        return None
+    except (FloatingPointError, eqx.EquinoxRuntimeError) as error:
+        message = str(error) if isinstance(error, FloatingPointError) else runtime_message(error)
+        fail(command, f"{message}" + (f" (check {flags})" if flags else ""))
         return None
     except ValueError as error:
         parser.error(str(error))

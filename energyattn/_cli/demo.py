@@ -23,6 +23,7 @@ import energyattn as ea
 
 from .common import (
     POSITIVE,
+    SEED,
     add_command,
     add_progress_flag,
     check_out,
@@ -82,7 +83,7 @@ def add_parser(commands: Any) -> None:
         metavar="LR",
         help="peak AdamW learning rate (warm-up, then cosine decay)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights, batches and masks")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches and masks")
     add_progress_flag(parser)
     parser.set_defaults(run=lambda args: main(args, parser))
 
@@ -99,6 +100,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_demo,
         args.out,
+        flags="--learning-rate",
         train_steps=args.train_steps,
         time_limit=args.time_limit,
         masked_fraction=args.masked,

@@ -16,6 +16,7 @@ import numpy as np
 
 from .common import (
     POSITIVE,
+    SEED,
     add_command,
     add_progress_flag,
     check_out,
@@ -87,7 +88,7 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="stop training each model after this many seconds (default: no limit)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and batches")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
     add_progress_flag(parser, "the progress bars")
     parser.set_defaults(run=lambda args: main(args, parser))
 
@@ -100,6 +101,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_ham_demo,
         args.out,
+        flags="--step-size and --learning-rate",
         train_steps=args.train_steps,
         descent_steps=args.descent_steps,
         step_size=args.step_size,

@@ -24,7 +24,17 @@ from jaxtyping import ArrayLike, Float, Int
 
 import energyattn as ea
 
-from .common import POSITIVE, add_command, check_out, int_at_least, number, run, say, write_metrics
+from .common import (
+    POSITIVE,
+    SEED,
+    add_command,
+    check_out,
+    int_at_least,
+    number,
+    run,
+    say,
+    write_metrics,
+)
 
 
 def add_parser(commands: Any) -> None:
@@ -77,7 +87,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--beta", type=POSITIVE, default=0.5, help="inverse temperature of the modern network"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the corruptions and sweeps")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the corruptions and sweeps")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -118,6 +128,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_hopfield_demo,
         args.out,
+        flags="--beta",
         num_patterns=args.patterns,
         corruption=args.corruption,
         probes_per_pattern=args.probes,

@@ -19,7 +19,7 @@ import numpy as np
 
 import energyattn as ea
 
-from .common import add_command, check_out, int_at_least, run, say, write_metrics
+from .common import SEED, add_command, check_out, int_at_least, run, say, write_metrics
 
 
 def add_parser(commands: Any) -> None:
@@ -58,7 +58,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--grid", type=int_at_least(2), default=120, metavar="P", help="landscape grid points"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of patterns and maps")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of patterns and maps")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 

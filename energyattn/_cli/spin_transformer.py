@@ -13,6 +13,7 @@ import numpy as np
 
 from .common import (
     POSITIVE,
+    SEED,
     add_command,
     add_progress_flag,
     check_out,
@@ -69,7 +70,7 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="cap on each model's training time (default: no limit)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of weights and batches")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
     add_progress_flag(parser, "the progress bars")
     parser.set_defaults(run=lambda args: main(args, parser))
 

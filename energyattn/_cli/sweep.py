@@ -21,7 +21,7 @@ import numpy as np
 
 import energyattn as ea
 
-from .common import POSITIVE, add_command, check_out, int_at_least, run, say, write_metrics
+from .common import POSITIVE, SEED, add_command, check_out, int_at_least, run, say, write_metrics
 
 #: Inverse temperatures swept by default (log-spaced, high to low temperature).
 DEFAULT_BETAS = tuple(float(b) for b in np.geomspace(0.05, 20.0, 13))
@@ -68,7 +68,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--grid", type=int_at_least(2), default=400, metavar="P", help="points of the t sweeps"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the layer and its inputs")
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the layer and its inputs")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -81,6 +81,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_sweep_demo,
         args.out,
+        flags="--beta and --betas",
         num_spins=args.spins,
         dim=args.dim,
         betas=args.betas or DEFAULT_BETAS,

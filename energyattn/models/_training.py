@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_positive, positive_int, shape_str
+from .._checks import check_positive, positive_int, runtime_message, shape_str
 from .._io import atomic_output, check_output_file
 from .._train import train_step
 from ..data import random_patch_mask
@@ -338,7 +338,7 @@ def fit(
             try:
                 value = float(losses[index])
             except eqx.EquinoxRuntimeError as error:  # raised late (asynchronously)
-                message = str(error).strip().splitlines()[0]
+                message = runtime_message(error)
                 raise diverged(start + index + 1, f"the model failed: {message}") from error
             if not math.isfinite(value):
                 raise diverged(start + index + 1, f"the loss is {value}")
@@ -375,12 +375,15 @@ def fit(
                 )
             except eqx.EquinoxRuntimeError as error:
                 # A check inside the model ("x contains NaN") failed. After an update, that
-                # is divergence: name the step that made the parameters non-finite.
+                # is divergence: name the step that made the parameters non-finite, or, when
+                # they are finite but too large (the model's energy overflows), this step.
                 if step > start:
                     try:
                         verify(step, parameters=True)
                     except FloatingPointError as divergence:
                         raise divergence from error
+                    message = runtime_message(error)
+                    raise diverged(step + 1, f"the model failed: {message}") from error
                 raise
             losses.append(loss)
             step += 1

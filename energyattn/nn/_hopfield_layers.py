@@ -29,7 +29,15 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from .._checks import check_finite, check_mask, check_shape, default_dtype, positive_int, shape_str
+from .._checks import (
+    check_finite,
+    check_mask,
+    check_shape,
+    concrete_value,
+    default_dtype,
+    positive_int,
+    shape_str,
+)
 from .._custom_types import Scalar
 from .._energy import AbstractEnergy, hopfield_energy
 from .._solver import bounded_while, flatten_problem, implicit_value, no_grad
@@ -1037,7 +1045,11 @@ def _load(cls, state, config, dtype, *, prefix, patterns=()):
         value = arrays.pop(name)
         if value.shape != shape:
             raise ValueError(f"{name!r} has shape {tuple(value.shape)}, expected {shape}")
-        return value.astype(dtype)
+        # NaN weights would make every output NaN without a word: name the weight.
+        known = concrete_value(value)
+        if known is not None and not np.all(np.isfinite(known)):
+            raise ValueError(f"{name!r} holds NaN or inf")
+        return check_finite(name, value).astype(dtype)
 
     wheres, values = [], []
     for name, get in _hopfield_names(hop, prefix).items():
