@@ -5,6 +5,7 @@ are ratios. Times are medians of repeats after `block_until_ready()`.
 """
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -14,7 +15,10 @@ from typing import Any
 
 import jax
 
-RESULTS = Path(__file__).parent / "results"
+#: Where the JSON rows go: `benchmarks/results/`, or the folder `run.py --results` names
+#: (passed through the environment, so scripts that rerun themselves in a subprocess, like
+#: `context_parallel.py`, write there too).
+RESULTS = Path(os.environ.get("ENERGYATTN_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 
 def environment() -> dict[str, Any]:

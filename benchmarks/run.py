@@ -11,6 +11,7 @@ in the same run and writes `benchmarks/results/<name>[_quick].json`.
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         import _common
 
         _common.RESULTS = args.results  # write_rows reads it when it saves
+        # ... and the scripts that rerun themselves in a subprocess read it from here.
+        os.environ["ENERGYATTN_BENCH_RESULTS"] = str(args.results)
     names = args.only or list(BENCHMARKS)
     seconds = {}
     began = time.perf_counter()

@@ -88,10 +88,20 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     partial = Path(name)
     try:
         yield partial
+        # mkstemp makes the file private (0600); the result gets the mode any new file of
+        # the user gets (0644 under umask 022).
+        os.chmod(partial, 0o666 & ~_umask())
         os.replace(partial, path)
     finally:
         if partial.exists():
             partial.unlink()
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it; it is set back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -1,6 +1,8 @@
 """Training workflows that never lose work: any step count, divergence named, outputs checked
 before training, checkpoints that refuse to load into the wrong model."""
 
+import os
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -180,3 +182,14 @@ def test_a_checkpoint_that_could_not_be_read_never_replaces_a_good_one(tmp_path,
     assert path.read_bytes() == before
     assert int(ea.models.load_checkpoint(path, good)["step"]) == 7
     assert [p.name for p in tmp_path.iterdir()] == ["run.eqx"]  # no partial file left
+
+
+def test_written_files_get_the_users_umask(tmp_path):
+    # The atomic write goes through a private temporary file (mode 0600); the file it becomes
+    # has the mode any new file of the user has.
+    previous = os.umask(0o022)
+    try:
+        ea.models.save_checkpoint(tmp_path / "run.eqx", {"w": np.ones(2)})
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "run.eqx").stat().st_mode & 0o777 == 0o644

@@ -49,7 +49,7 @@ def load_digits(
 
     **Raises:**
 
-    `ImportError` if scikit-learn is not installed (`pip install 'energyattn[examples]'`).
+    `ImportError` if scikit-learn is not installed (`pip install scikit-learn`).
     """
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
@@ -59,8 +59,8 @@ def load_digits(
         from sklearn import datasets
     except ImportError as error:
         raise ImportError(
-            "energyattn.data.load_digits needs scikit-learn, which ships the digits: "
-            "pip install 'energyattn[examples]'"
+            "energyattn.data.load_digits needs scikit-learn, which ships the digits: pip "
+            "install scikit-learn (or, in a checkout of energyattn: pip install '.[examples]')"
         ) from error
     bunch = datasets.load_digits()
     images = np.asarray(bunch.images, dtype=np.float64) / 16.0

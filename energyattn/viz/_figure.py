@@ -14,8 +14,8 @@ def new_figure(**kwargs: Any) -> Any:
         from matplotlib.figure import Figure
     except ImportError as error:
         raise ImportError(
-            "energyattn.viz needs matplotlib: pip install 'energyattn[examples]' (from a "
-            "checkout: pip install '.[examples]')"
+            "energyattn.viz needs matplotlib: pip install matplotlib (or, in a checkout of "
+            "energyattn: pip install '.[examples]')"
         ) from error
     figure = Figure(**kwargs)
     FigureCanvasAgg(figure)
