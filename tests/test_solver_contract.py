@@ -121,3 +121,24 @@ def test_the_audits_false_successes(user_mode):
         for energy in (lambda x, _: -jnp.sum(x**2), lambda x, _: jnp.sum(x)):
             sol = eqx.filter_jit(ea.minimise)(energy, jnp.ones(2), solver=solver, throw=False)
             assert sol.result == ea.RESULTS.unbounded, repr(solver)
+
+
+@pytest.mark.parametrize("adjoint", [ea.ImplicitAdjoint(), ea.UnrolledAdjoint()], ids=repr)
+def test_throw_holds_under_every_transformation(adjoint):
+    # A solve cut short (3 steps, no convergence) used to raise only where its value was
+    # used: under jax.jit(jax.grad(f)) or a JVP alone XLA dropped the check, and training
+    # went on without a word.
+    def f(x):
+        map_ = lambda y, a: 0.999 * jnp.sin(y) + a  # noqa: E731
+        return jnp.sum(ea.fixed_point(map_, jnp.zeros(2), x, max_steps=3, adjoint=adjoint).value)
+
+    x = jnp.ones(2)
+    transformations = {
+        "jit(grad)": eqx.filter_jit(jax.grad(f)),
+        "jit(jvp)": eqx.filter_jit(lambda x: jax.jvp(f, (x,), (x,))[1]),
+        "jit(vmap(grad))": eqx.filter_jit(jax.vmap(jax.grad(f))),
+    }
+    for name, g in transformations.items():
+        arg = jnp.stack([x, x]) if "vmap" in name else x
+        with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
+            jax.block_until_ready(g(arg))

@@ -3,6 +3,8 @@
 from typing import Any
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._custom_types import State
@@ -93,10 +95,31 @@ class Solution(eqx.Module):
 def finish(solution: Solution, throw: bool) -> Solution:
     """Raise (at run time, through `eqx.error_if`) unless `solution` succeeded, when `throw`.
 
-    Returns the solution with its value routed through the check, so the check cannot be
-    optimised away by a caller who only uses the value.
+    Returns the solution with its value routed through the check, and the value's
+    derivatives too (`_checked`): a caller who only uses a derivative of the value
+    (`jax.jit(jax.grad(f))`, `jax.jvp`) would otherwise let XLA drop the check, and a
+    failed solve would train on without a word.
     """
     if not throw:
         return solution
-    value = solution.result.error_if(solution.value, solution.result != RESULTS.successful)
-    return eqx.tree_at(lambda s: s.value, solution, value)
+    return eqx.tree_at(lambda s: s.value, solution, _checked(solution.value, solution.result))
+
+
+@eqx.filter_custom_jvp
+def _checked(value: Any, result: RESULTS) -> Any:
+    """`value`, raising `result`'s message at run time unless it is `successful`."""
+    return result.error_if(value, result != RESULTS.successful)
+
+
+@_checked.def_jvp
+def _checked_jvp(primals: tuple, tangents: tuple) -> tuple:
+    value, result = primals
+    t_value, _ = tangents
+    out = _checked(value, result)
+    if t_value is None:
+        return out, None
+    # The tangent is scaled by a checked 1: in forward mode the check runs with the tangent,
+    # and in reverse mode that 1 is a residual of the forward pass, which the backward pass
+    # needs, so the check runs there too: every derivative of a failed solve raises.
+    one = result.error_if(jnp.ones(()), result != RESULTS.successful)
+    return out, jax.tree.map(lambda t: t * one.astype(t.dtype), t_value)
