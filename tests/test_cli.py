@@ -308,7 +308,7 @@ def test_plot_couplings_draws_only_the_strongest_edges(tmp_path):
 
 def test_viz_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ImportError, match=r"energyattn\[examples\]"):
+    with pytest.raises(ImportError, match=r"pip install matplotlib"):
         viz.plot_energies({"c": np.zeros(3)}, tmp_path / "x.png")
 
 
