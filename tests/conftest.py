@@ -51,6 +51,13 @@ if _NO_OPT.upper() not in os.environ and not any(
         os.environ["XLA_FLAGS"] = _fast
         os.environ[_NO_OPT.upper()] = "1"
 
+# Lower fast. Lowering to MLIR attaches each operation's Python traceback as its location,
+# which costs about a tenth of the suite (path checks per frame); the locations only label
+# XLA's own dumps and profiles, never an energyattn or Equinox error message. Set before JAX
+# is imported, so the subprocesses the tests start inherit it too; a user's setting wins.
+os.environ.setdefault("JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS", "0")
+os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
+
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402

@@ -277,6 +277,10 @@ def test_load_npz_errors(tmp_path):
     np.savez(tmp_path / "mxd.npz", **dict(arrays, Xi=arrays["Xi"].T))
     with pytest.raises(ValueError, match=r"mxd.npz'?: Xi must have shape \(dim=6, memories\)"):
         ea.models.load_image_et(tmp_path / "mxd.npz", image_shape=(1, 8, 8), patch_size=4)
+    # A bad Wq is named, not the arrays it disagrees with (D is what most arrays agree on).
+    np.savez(tmp_path / "wq.npz", **dict(arrays, Wq=arrays["Wq"][..., :5]))
+    with pytest.raises(ValueError, match=r"wq.npz'?: Wq must have shape \(\d+, \d+, 6\) .* got"):
+        ea.models.load_image_et(tmp_path / "wq.npz", image_shape=(1, 8, 8), patch_size=4)
     del arrays["MASK_token"]
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ValueError, match=r"bad.npz'? is missing the arrays \['MASK_token'\]"):

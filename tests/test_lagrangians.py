@@ -247,6 +247,8 @@ def test_exponentials_overflow_only_above_88_in_float32():
         (lambda x: L.repu(x, n=1), "n must be an integer >= 2"),
         (lambda x: L.repu(x, n=2.5), "n must be an integer >= 2"),
         (lambda x: L.layer_norm(x, eps=0.0), "eps must be > 0"),
+        (lambda x: L.layer_norm(x, gamma=np.ones(3)), r"gamma must be a scalar.*got shape \(3,\)"),
+        (lambda x: L.layer_norm(x, gamma=-1.0), r"gamma must be >= 0 \(L is convex only then\)"),
         (lambda x: L.softmax(x, axis=2), "axis 2 is out of bounds for x of shape \\(2, 3\\)"),
         (lambda x: L.spherical(x[0, 0]), "x must have at least one axis"),
     ],

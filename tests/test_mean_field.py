@@ -165,6 +165,21 @@ def test_nonfinite_input_and_divergence_raise(getkey):
         strong(x)
 
 
+def test_half_precision_is_solved_in_float32():
+    # The audit: bfloat16 layers "did not converge" (the iterate became NaN in Anderson's
+    # bfloat16 least squares). Now the solve runs in float32; the output keeps the dtype.
+    x = jr.normal(jr.key(1), (4, 3), jnp.float32)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        layer = ea.nn.MeanFieldAttention(4, 3, dtype=dtype, key=jr.key(0))
+        assert layer.weight.dtype == dtype
+        out = layer(x.astype(dtype))
+        assert out.dtype == dtype
+        # The same solve as a float32 layer holding the rounded weights.
+        rounded = jax.tree.map(lambda a: a.astype(jnp.float32) if eqx.is_array(a) else a, layer)
+        want = rounded(x.astype(dtype).astype(jnp.float32))
+        np.testing.assert_allclose(out.astype(jnp.float32), want.astype(dtype).astype(jnp.float32))
+
+
 # --------------------------------------------------------------------------------------------
 # The reference fixtures
 

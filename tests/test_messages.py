@@ -226,6 +226,14 @@ def test_the_audits_messages_name_their_cause(user_mode):
         lambda x, a: jnp.sum((x - a) ** 2), jnp.ones(2), jnp.array([jnp.nan, 1.0]), throw=False
     )
     assert solution.result == ea.RESULTS.nonfinite_input
+    # optimistix's argument order, root_find(fn, solver, y0): the solver is named as such.
+    for entry in (ea.root_find, ea.fixed_point, ea.minimise):
+        with pytest.raises(ValueError, match=r"(y0|x0) is a solver \(Newton\), not an initial guess"):
+            entry(lambda y, a: y, ea.Newton(), jnp.ones(2))
+    # A NaN input of the spin-model transformer is named as the input (as other layers).
+    layer = ea.nn.SpinTransformerAttention(8, 2, key=jr.key(0))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="the input x contains NaN or inf"):
+        layer(jnp.ones((3, 8)).at[0, 0].set(jnp.nan))
 
 
 def test_nan_weights_and_cli_failures_are_named(tmp_path, capsys, user_mode):

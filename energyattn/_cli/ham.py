@@ -264,9 +264,9 @@ def run_ham_demo(
     energies = np.asarray(solutions.energies)
     first = ham.ham.activations(jax.tree.map(lambda x: x[0], solutions.value))
     activations = {  # bottom-up; the image layer has one channel
-        "image": np.asarray(first["image"][0]),
+        f"image (test 0, a {int(test.labels[0])})": np.asarray(first["image"][0]),
         "features": np.asarray(first["features"]),
-        "label": np.asarray(first["label"]),
+        "label (red: the prediction)": np.asarray(first["label"]),
     }
     curves = {
         f"digit {int(label)} (test {i})": energies[i] for i, label in enumerate(test.labels[:4])
@@ -275,7 +275,10 @@ def run_ham_demo(
         curves,
         activations,
         out / "descent.png",
-        title=f"HAM descent on test digits ({descent_steps} steps of size {step_size:g})",
+        title=(
+            f"HAM descent on test digits ({descent_steps} steps of size {step_size:g}); "
+            "right: the layers after test 0's descent"
+        ),
     )
     metrics["figure_energies"] = {name: [float(v) for v in curve] for name, curve in curves.items()}
     write_metrics(out / "metrics.json", metrics)

@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_positive
+from .._checks import check_positive, check_values, shape_str
 from .._custom_types import Scalar, ScalarLike
 
 
@@ -52,6 +53,14 @@ def layer_norm_lagrangian(
     if x.ndim < 1:
         raise ValueError(f"x must have shape (..., dim), got {tuple(x.shape)}")
     eps = check_positive("eps", eps)
+    if np.ndim(gamma) != 0:
+        raise ValueError(
+            f"gamma must be a scalar (a float or a 0-d array), got shape "
+            f"{shape_str(np.shape(gamma))}: a per-dimension gain makes the layer norm the "
+            "gradient of no Lagrangian"
+        )
+    # L is convex (and the Energy Transformer's energy bounded) only for gamma >= 0.
+    gamma = check_values("gamma", gamma, lambda g: g >= 0, ">= 0 (L is convex only then)")
     dim = x.shape[-1]
     centred = x - jnp.mean(x, axis=-1, keepdims=True)
     spread = jnp.sqrt(jnp.mean(jnp.square(centred), axis=-1) + eps.astype(x.dtype))

@@ -301,6 +301,14 @@ def check_energy_output(energy: Callable, x: Any, args: Any) -> None:
 
 def check_initial(y0: Any, name: str) -> State:
     """The initial guess as a pytree of floating-point arrays, or a `ValueError` naming it."""
+    if isinstance(y0, AbstractIterativeSolver) or type(y0).__module__.startswith(
+        ("optimistix", "lineax")
+    ):
+        # optimistix's order is root_find(fn, solver, y0, args); energyattn's is not.
+        raise ValueError(
+            f"{name} is a solver ({type(y0).__name__}), not an initial guess: energyattn "
+            f"takes the solver by keyword, e.g. ea.root_find(fn, {name}, args, solver=...)"
+        )
     y0 = jax.tree.map(jnp.asarray, y0)
     leaves = jax.tree.leaves(y0)
     if not leaves:

@@ -1,5 +1,6 @@
 """Masked-image inpainting with an Energy Transformer."""
 
+import collections
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -302,6 +303,17 @@ def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _token_dim(arrays: dict[str, np.ndarray]) -> int:
+    """The token dimension D of an Energy Transformer checkpoint: the size that most of the
+    axes which should be D agree on (ties go to `Wq`'s)."""
+    axes = {"Wq": -1, "Wk": -1, "Xi": 0, "Wenc": -1, "Benc": 0, "Wdec": 0, "LNORM_bias": 0}
+    axes |= {"CLS_token": 0, "MASK_token": 0, "POS_embed": -1}
+    sizes = [arrays[name].shape[axis] for name, axis in axes.items() if arrays[name].ndim]
+    counts = collections.Counter(sizes)
+    first = arrays["Wq"].shape[-1]
+    return max(counts, key=lambda size: (counts[size], size == first))
+
+
 def load_image_et(
     path: str | Path,
     *,
@@ -350,13 +362,16 @@ def load_image_et(
     """
     arrays = _read_npz(path)
     (channels, height, width), patch_size = check_image_shape(image_shape, patch_size)
-    if arrays["Wq"].ndim != 3:
-        raise ValueError(
-            f"{str(path)!r}: Wq must have shape (heads, head_dim, dim), got "
-            f"{shape_str(arrays['Wq'].shape)}"
-        )
-    heads, head_dim, dim = arrays["Wq"].shape
-    if arrays["Xi"].ndim != 2 or arrays["Xi"].shape[0] != dim:
+    for name, axes in (("Wq", "heads, head_dim, dim"), ("Xi", "dim, memories")):
+        if arrays[name].ndim != len(axes.split(", ")):
+            raise ValueError(
+                f"{str(path)!r}: {name} must have shape ({axes}), got "
+                f"{shape_str(arrays[name].shape)}"
+            )
+    # D is the size most of the arrays agree on, so the one array that disagrees is named.
+    dim = _token_dim(arrays)
+    heads, head_dim = arrays["Wq"].shape[:2]
+    if arrays["Xi"].shape[0] != dim:
         raise ValueError(
             f"{str(path)!r}: Xi must have shape (dim={dim}, memories), got "
             f"{shape_str(arrays['Xi'].shape)}"

@@ -46,6 +46,13 @@ def _mlp(dim: int, hidden: int, dtype: Any, key: PRNGKeyArray) -> eqx.nn.MLP:
     return eqx.nn.MLP(dim, dim, hidden, depth=1, activation=gelu, dtype=dtype, key=key)
 
 
+def _cast(dtype: Any) -> Callable[[Any], Any]:
+    """Cast every floating-point array of a pytree to `dtype` (other leaves unchanged)."""
+    return lambda tree: jax.tree.map(
+        lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, tree
+    )
+
+
 class MeanFieldAttention(eqx.Module):
     r"""Deep implicit attention: the spin means of a vector-spin system probed by the inputs.
 
@@ -96,6 +103,8 @@ class MeanFieldAttention(eqx.Module):
       loops that must not stop use this. Under `jax.vmap` each example gets its own
       answer and code: a NaN example returns the start (zeros: no finite iterate was
       found) with `RESULTS.nonfinite`, and the other examples are unaffected.
+      bfloat16 and float16 layers or inputs are solved in float32 (the output keeps the
+      half-precision dtype): in 8 or 11 bits the solver's own arithmetic fails.
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
     ??? cite "Source"
@@ -149,7 +158,7 @@ class MeanFieldAttention(eqx.Module):
         dtype = default_dtype(dtype)
         std = 1 / np.sqrt(num_spins * dim**2) if weight_std is None else float(weight_std)
         wkey, mkey = jr.split(key)
-        self.weight = std * jr.normal(wkey, (num_spins, num_spins, dim, dim), dtype)
+        self.weight = (std * jr.normal(wkey, (num_spins, num_spins, dim, dim), dtype)).astype(dtype)
         if tap:
             self.correction = None
         else:
@@ -247,6 +256,15 @@ class MeanFieldAttention(eqx.Module):
         (`"tap"` with linear response) or `m`.
         """
         check_shape("x", x, "spins dim", spins=self.num_spins, dim=self.dim)
+        floats = [a.dtype for a in jax.tree.leaves((x, self)) if eqx.is_inexact_array(a)]
+        if min(jnp.finfo(d).bits for d in floats) < 32:
+            # bfloat16/float16: Anderson's least squares and the stopping test need more
+            # than 8 or 11 bits (in bfloat16 the iterate becomes NaN), so the fixed point is
+            # solved in float32 and the value is given back in the inputs' dtype.
+            up = _cast(jnp.float32)
+            solution = up(self).solve(up(x), state0=up(state0), throw=throw)
+            dtype = jnp.result_type(*floats)
+            return eqx.tree_at(lambda s: s.value, solution, _cast(dtype)(solution.value))
         throw = self.throw if throw is None else bool(throw)
         # The input check raises for a whole vmapped batch if one example is bad: with
         # `throw=False` the solver's per-example result code reports it instead.

@@ -9,7 +9,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_mask, check_positive, check_shape, default_dtype, positive_int
+from .._checks import (
+    check_finite,
+    check_mask,
+    check_positive,
+    check_shape,
+    default_dtype,
+    positive_int,
+)
 from .._custom_types import ScalarLike
 from .._solver import AbstractAdjoint, AbstractIterativeSolver, Solution
 from ..spin import smt_steady_state
@@ -191,6 +198,10 @@ class SpinTransformerAttention(eqx.Module):
         with `return_solution=True` also the solution.
         """
         del key
+        check_shape("x", x, "tokens dim", dim=self.dim)
+        # As the other implicit layers: with `throw`, a NaN or inf input is named as such;
+        # with `throw=False` each example's result code reports it (per example under vmap).
+        x = check_finite("the input x", x) if self.throw else jnp.asarray(x)
         inputs = self.inputs(x)
         J = self._couplings(inputs, mask)
 

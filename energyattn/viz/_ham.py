@@ -41,9 +41,9 @@ def plot_ham_descent(
 
     A layer's activations are drawn by their shape: a vector `(units,)` as a bar chart (a
     label layer: its bars are the class probabilities of a softmax layer, the largest one
-    highlighted), an image `(height, width)` as one grey-scale image, and `(channels,
-    height, width)` as its first `max_maps` channels (one grey scale per layer, so the maps
-    of a layer compare by brightness).
+    red, as its legend says), an image `(height, width)` as one grey-scale image, and
+    `(channels, height, width)` as its first `max_maps` channels (one grey scale per layer,
+    so the maps of a layer compare by brightness).
 
     **Arguments:**
 
@@ -69,6 +69,7 @@ def plot_ham_descent(
     curves = check_named_arrays("energies", energies, 1, "steps")
     layers = _check_activations(activations)
     max_maps = positive_int("max_maps", max_maps)
+    from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
     # Columns on the right: the most maps of any layer (at least 2, for the bar charts).
@@ -94,6 +95,9 @@ def plot_ham_descent(
             colours = ["#1f77b4"] * array.shape[0]
             colours[int(np.argmax(array))] = "#d62728"
             bars.bar(np.arange(array.shape[0]), array, color=colours)
+            bars.legend(
+                handles=[Patch(color="#d62728", label="largest")], fontsize=7, loc="upper right"
+            )
             bars.set_xticks(np.arange(array.shape[0]))
             bars.tick_params(labelsize=7)
             bars.set_ylabel(name, fontsize=9)

@@ -250,7 +250,8 @@ def plot_displacement_contour(
     [`self_attention_displacement`][energyattn.nn.self_attention_displacement], one panel per
     entry of `norms` (e.g. float32 and float64), with red lines at the transformer default
     scale $s = 1$ ($\beta = 1/\sqrt{d_k}$) and at the dimensions in `marks`. Cells whose norm is
-    exactly 0 (the step is the identity to the last bit) are left blank.
+    exactly 0 (the step is the identity to the last bit) are left blank, and a panel that has
+    any says so in its corner.
 
     **Arguments:**
 
@@ -310,4 +311,15 @@ def plot_displacement_contour(
         ax.set_xlabel("$d_k$")
         ax.set_ylabel(r"scale $s$ ($\beta = s/\sqrt{d_k}$)")
         ax.set_title(name, fontsize=10)
+        if not np.all(values > 0):
+            ax.text(
+                0.98,
+                0.02,
+                "white: exactly 0 (X' = X to the last bit)",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                bbox={"facecolor": "white", "edgecolor": "0.6", "linewidth": 0.5},
+            )
     return save(figure, path, title, fontsize=11)
