@@ -228,7 +228,7 @@ def test_the_audits_messages_name_their_cause(user_mode):
     assert solution.result == ea.RESULTS.nonfinite_input
     # optimistix's argument order, root_find(fn, solver, y0): the solver is named as such.
     for entry in (ea.root_find, ea.fixed_point, ea.minimise):
-        with pytest.raises(ValueError, match=r"(y0|x0) is a solver \(Newton\), not an initial guess"):
+        with pytest.raises(ValueError, match=r"(y0|x0) is a solver \(Newton\), not an init"):
             entry(lambda y, a: y, ea.Newton(), jnp.ones(2))
     # A NaN input of the spin-model transformer is named as the input (as other layers).
     layer = ea.nn.SpinTransformerAttention(8, 2, key=jr.key(0))

@@ -142,3 +142,41 @@ def test_throw_holds_under_every_transformation(adjoint):
         arg = jnp.stack([x, x]) if "vmap" in name else x
         with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge"):
             jax.block_until_ready(g(arg))
+
+
+def test_has_aux_on_every_entry_point(user_mode):
+    # fn returns (output, aux): the solver sees the output; Solution.aux is the aux at the
+    # solution, and differentiates through the solution's implicit derivatives.
+    def cubic(y, a):
+        return y**3 + a * y - 1, {"scaled": a * y}
+
+    def map_(y, a):
+        return 0.5 * jnp.tanh(y) + a, a * y
+
+    def energy(x, a):
+        return jnp.sum((x - a) ** 2 + x**4), jnp.sum(a * x)
+
+    a = jnp.array([0.5, 1.0])
+    cases = [(ea.root_find, cubic, lambda s: s.aux["scaled"]), (ea.fixed_point, map_, None)]
+    cases += [(ea.minimise, energy, None)]
+    for entry, fn, pick in cases:
+        pick = pick or (lambda s: s.aux)
+
+        def with_aux(a, entry=entry, fn=fn, pick=pick):
+            return jnp.sum(pick(entry(fn, jnp.ones(2), a, has_aux=True)))
+
+        def by_hand(a, entry=entry, fn=fn, pick=pick):
+            value = entry(lambda y, a, fn=fn: fn(y, a)[0], jnp.ones(2), a).value
+            return jnp.sum(
+                pick(ea.Solution(value, ea.RESULTS.successful, 0, 0.0, aux=fn(value, a)[1]))
+            )
+
+        got = eqx.filter_jit(jax.value_and_grad(with_aux))(a)
+        want = eqx.filter_jit(jax.value_and_grad(by_hand))(a)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-10)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-8)
+    with pytest.raises(
+        ValueError, match=r"has_aux=True, fn must return a pair \(output, aux\), got an array"
+    ):
+        ea.root_find(lambda y, a: y - 1, jnp.ones(2), has_aux=True)
+    assert ea.root_find(lambda y, a: y - 1, jnp.ones(2)).aux is None

@@ -256,10 +256,12 @@ def solve_problem(
     entry: str,
     y0_name: str,
     check: Callable[[Solution], Solution] | None = None,
+    aux: Callable[[State, Any], Any] | None = None,
 ) -> Solution:
     """The public entry points' common path: check once, flatten, solve, unflatten, raise.
 
-    `check` may amend the unflattened solution (its result code) before the runtime raise."""
+    `check` may amend the unflattened solution (its result code) before the runtime raise;
+    `aux(value, args)` (from `split_aux`) fills `Solution.aux`."""
     if not callable(fn):
         raise ValueError(f"{entry}: fn must be callable, got {type(fn).__name__}")
     solver = check_solver(solver, kind, entry)
@@ -281,4 +283,26 @@ def solve_problem(
         solution = eqx.tree_at(lambda s: s.result, solution, result)
     if check is not None:
         solution = check(solution)
-    return finish(solution, bool(throw))
+    solution = finish(solution, bool(throw))
+    if aux is not None:  # at the checked value: its derivatives are the implicit ones
+        found = aux(solution.value, args)
+        solution = eqx.tree_at(lambda s: s.aux, solution, found, is_leaf=lambda x: x is None)
+    return solution
+
+
+def split_aux(fn: Callable, has_aux: bool, entry: str) -> tuple[Callable, Callable | None]:
+    """With `has_aux`, `fn(y, args)` returns `(output, aux)`: the function the solver sees
+    (the output alone) and the one that gives the auxiliary output at a point."""
+    if not has_aux:
+        return fn, None
+
+    def pair(y: State, args: Any) -> tuple[Any, Any]:
+        out = fn(y, args)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            got = "an array" if eqx.is_array(out) else f"a {type(out).__name__}"
+            raise ValueError(
+                f"{entry}: with has_aux=True, fn must return a pair (output, aux), got {got}"
+            )
+        return out
+
+    return (lambda y, args: pair(y, args)[0]), (lambda y, args: pair(y, args)[1])

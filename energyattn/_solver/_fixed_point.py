@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
-from ._adjoint import AbstractAdjoint, solve_problem
+from ._adjoint import AbstractAdjoint, solve_problem, split_aux
 from ._iterate import AbstractIterativeSolver, Flat, rms
 from ._solution import RESULTS, Solution
 
@@ -229,6 +229,7 @@ def fixed_point(
     adjoint: AbstractAdjoint | None = None,
     max_steps: int = 100,
     throw: bool = True,
+    has_aux: bool = False,
 ) -> Solution:
     r"""Solve $y^* = f(y^*, \text{args})$, differentiably to any order.
 
@@ -257,6 +258,8 @@ def fixed_point(
     - `max_steps`: the most evaluations of `fn` (Newton: the most Newton steps).
     - `throw`: raise (at run time) unless the solve succeeded; with `False` inspect
       `Solution.result`.
+    - `has_aux`: `fn` returns `(output, aux)`; the solver iterates the output, and
+      `Solution.aux` is the aux at the solution.
 
     **Returns:**
 
@@ -281,6 +284,7 @@ def fixed_point(
         S. Bai, J. Z. Kolter, V. Koltun, *Deep Equilibrium Models* (2019); M. Bal, *Deep
         Implicit Attention: A Mean-Field Theory Perspective on Attention Mechanisms* (2021).
     """
+    fn, aux = split_aux(fn, has_aux, "ea.fixed_point")
     return solve_problem(
         "fixed_point",
         fn,
@@ -292,4 +296,5 @@ def fixed_point(
         throw=throw,
         entry="ea.fixed_point",
         y0_name="y0",
+        aux=aux,
     )

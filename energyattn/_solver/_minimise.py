@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
-from ._adjoint import AbstractAdjoint, solve_problem
+from ._adjoint import AbstractAdjoint, solve_problem, split_aux
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
     AbstractIterativeSolver,
@@ -143,6 +143,7 @@ def minimise(
     max_steps: int = 200,
     step_size: float | None = None,
     throw: bool = True,
+    has_aux: bool = False,
 ) -> Solution:
     r"""Minimise an energy, $x^* = \arg\min_x E(x, \text{args})$, differentiably to any order.
 
@@ -171,6 +172,8 @@ def minimise(
       fixed-point solver on the gradient map.
     - `adjoint`, `max_steps`, `throw`: as in [`fixed_point`][energyattn.fixed_point].
     - `step_size`: $\alpha > 0$, for fixed-point solvers only.
+    - `has_aux`: `energy` returns `(energy, aux)`; `Solution.aux` is the aux at the
+      minimum.
 
     **Returns:**
 
@@ -194,6 +197,7 @@ def minimise(
     """
     solver = LBFGS() if solver is None else solver
     x0 = check_initial(x0, "x0")
+    energy, aux = split_aux(energy, has_aux, "ea.minimise")
 
     def check(solution: Solution) -> Solution:
         # Measured outside the solver, so it holds for every solver (and differentiates).
@@ -235,4 +239,5 @@ def minimise(
         entry="ea.minimise",
         y0_name="x0",
         check=check,
+        aux=aux,
     )

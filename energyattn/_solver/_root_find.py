@@ -12,7 +12,7 @@ from jaxtyping import Array, Bool, Float
 from .._checks import positive_int, python_float
 from .._custom_types import State
 from .._linalg import cholesky_solve, upper_cholesky
-from ._adjoint import AbstractAdjoint, solve_problem
+from ._adjoint import AbstractAdjoint, solve_problem, split_aux
 from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms
 from ._krylov import minimum_direction, root_direction
 from ._linear import DENSE_LIMIT
@@ -253,6 +253,7 @@ def root_find(
     adjoint: AbstractAdjoint | None = None,
     max_steps: int = 50,
     throw: bool = True,
+    has_aux: bool = False,
 ) -> Solution:
     r"""Solve $F(y^*, \text{args}) = 0$, differentiably to any order.
 
@@ -273,6 +274,8 @@ def root_find(
       [`UnrolledAdjoint`][energyattn.UnrolledAdjoint].
     - `max_steps`: the most Newton steps.
     - `throw`: raise (at run time) unless the solve succeeded.
+    - `has_aux`: `fn` returns `(output, aux)`; the solver sees the output, and
+      `Solution.aux` is the aux at the solution.
 
     **Returns:**
 
@@ -290,6 +293,7 @@ def root_find(
     root = ea.root_find(cubic, jnp.ones(3), jnp.array([0.5, 1.0, 2.0])).value
     ```
     """
+    fn, aux = split_aux(fn, has_aux, "ea.root_find")
     return solve_problem(
         "root",
         fn,
@@ -301,4 +305,5 @@ def root_find(
         throw=throw,
         entry="ea.root_find",
         y0_name="y0",
+        aux=aux,
     )

@@ -76,6 +76,8 @@ class Solution(eqx.Module):
       last, shape `(num_steps + 1,)`; `None` for solvers that do not record it.
     - `trajectory`: the iterates stacked on a new leading axis, or `None` unless asked for
       (`return_trajectory=True`).
+    - `aux`: with `has_aux=True`, the auxiliary output of `fn` at `value` (differentiable,
+      through `value`'s implicit derivatives); `None` otherwise.
     """
 
     value: State
@@ -85,6 +87,7 @@ class Solution(eqx.Module):
     stats: dict[str, Any] = eqx.field(default_factory=dict)
     energies: Float[Array, " steps"] | None = None
     trajectory: State | None = None
+    aux: Any = None
 
     @property
     def converged(self) -> Array:
