@@ -36,7 +36,7 @@ from ._iterate import (
     iterate,
     no_grad,
 )
-from ._linear import AbstractLinearSolver, AutoLinearSolver, describing
+from ._linear import AbstractLinearSolver, AutoLinearSolver
 from ._solution import RESULTS, Solution, finish
 
 
@@ -155,10 +155,14 @@ def _implicit_jvp(primals, tangents, *, linear_solver, throw):
         return root, jnp.zeros_like(root)
     _, rhs = eqx.filter_jvp(lambda inputs: residual(root, inputs), (inputs,), (t_inputs,))
     _, matvec = jax.linearize(lambda y: residual(y, inputs), root)
-    with describing(problem.kind):  # an error names the system and the pass
-        t_root = linear_solver.solve(
-            matvec, -rhs, symmetric=problem.kind == "minimise", factor=factor, throw=throw
-        )
+    t_root = linear_solver.solve(
+        matvec,
+        -rhs,
+        symmetric=problem.kind == "minimise",
+        factor=factor,
+        throw=throw,
+        kind=problem.kind,  # an error names the system and the pass
+    )
     return root, t_root
 
 

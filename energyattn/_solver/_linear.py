@@ -13,9 +13,7 @@ break with a JAX release.
 """
 
 import abc
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -34,11 +32,6 @@ MatVec = Callable[[Flat], Flat]
 
 #: Up to this many unknowns the automatic choice builds the matrix and factorises it.
 DENSE_LIMIT = 512
-
-# The kind of problem whose derivative is being solved for ("fixed_point", "root",
-# "minimise"), set by the implicit adjoint around its linear solve, so that an error names
-# the system. A context variable keeps `AbstractLinearSolver.solve`'s signature unchanged.
-_KIND: contextvars.ContextVar[str | None] = contextvars.ContextVar("kind", default=None)
 
 #: The system each pass solves, by problem kind: (forward mode, reverse mode).
 _SYSTEMS = {
@@ -60,18 +53,10 @@ _FAILED = (
 )
 
 
-@contextlib.contextmanager
-def describing(kind: str) -> Iterator[None]:
-    """Within this block, linear-solve errors name the system of a `kind` problem."""
-    token = _KIND.set(kind)
-    try:
-        yield
-    finally:
-        _KIND.reset(token)
-
-
-def _message(name: str, why: str, transpose: bool) -> str:
-    system = _SYSTEMS.get(_KIND.get(), _GENERIC)[int(transpose)]
+def _message(name: str, why: str, transpose: bool, kind: str | None) -> str:
+    """The error of a failed solve: which pass, which system (by the problem `kind` whose
+    derivative is solved for, when given) and why."""
+    system = _SYSTEMS.get(kind, _GENERIC)[int(transpose)]
     which = (
         "the backward pass (reverse mode, e.g. jax.grad)"
         if transpose
@@ -96,13 +81,31 @@ class AbstractLinearSolver(eqx.Module):
     """How [`ImplicitAdjoint`][energyattn.ImplicitAdjoint] solves its linear systems."""
 
     @abc.abstractmethod
-    def solve(self, matvec: MatVec, b: Flat, *, symmetric: bool, factor: Any, throw: bool) -> Flat:
+    def solve(
+        self,
+        matvec: MatVec,
+        b: Flat,
+        *,
+        symmetric: bool,
+        factor: Any,
+        throw: bool,
+        kind: str | None = None,
+    ) -> Flat:
         """$A^{-1}b$ for $A$ = `matvec` (differentiable and transposable). `factor` is a
-        factorisation of $A$ the forward solver left behind (or `None`)."""
+        factorisation of $A$ the forward solver left behind (or `None`). With `throw`, a
+        failed solve raises at run time; `kind` (`"fixed_point"`, `"root"`, `"minimise"`)
+        is the problem whose derivative this solve gives, so that the error names its
+        system."""
 
 
 def _factored_solve(
-    matvec: MatVec, b: Flat, apply: Callable, apply_t: Callable | None, name: str, throw: bool
+    matvec: MatVec,
+    b: Flat,
+    apply: Callable,
+    apply_t: Callable | None,
+    name: str,
+    throw: bool,
+    kind: str | None,
 ) -> Flat:
     """Solve with a factorisation: `apply` is $A^{-1}$, `apply_t` is $A^{-\\top}$ (`None`
     for a symmetric $A$)."""
@@ -110,7 +113,7 @@ def _factored_solve(
     why = "failed: the matrix is singular (the solve gave NaN or inf)"
 
     def checked(apply, transpose):
-        message = _message(name, why, transpose)
+        message = _message(name, why, transpose, kind)
 
         def solve(_, rhs):
             x = apply(rhs)
@@ -127,33 +130,35 @@ def _factored_solve(
     )
 
 
-def _lu_solve(matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool) -> Flat:
+def _lu_solve(matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool, kind: str | None) -> Flat:
     apply_t = lambda r: jsl.lu_solve(lu, r, trans=1)  # noqa: E731
-    return _factored_solve(matvec, b, lambda r: jsl.lu_solve(lu, r), apply_t, name, throw)
+    apply = lambda r: jsl.lu_solve(lu, r)  # noqa: E731
+    return _factored_solve(matvec, b, apply, apply_t, name, throw, kind)
 
 
 def _cholesky_solve(
-    matvec: MatVec, b: Flat, upper: Float[Array, "n n"], name: str, throw: bool
+    matvec: MatVec, b: Flat, upper: Float[Array, "n n"], name: str, throw: bool, kind: str | None
 ) -> Flat:
-    return _factored_solve(matvec, b, lambda r: cholesky_solve(upper, r), None, name, throw)
+    apply = lambda r: cholesky_solve(upper, r)  # noqa: E731
+    return _factored_solve(matvec, b, apply, None, name, throw, kind)
 
 
 class LU(AbstractLinearSolver):
     """Dense LU: build the $n\\times n$ Jacobian ($n$ Jacobian-vector products) and factorise
     it. Exact and robust for small systems; $O(n^3)$."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw):
-        return _lu_solve(matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw)
+    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
+        return _lu_solve(matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw, kind)
 
 
 class Cholesky(AbstractLinearSolver):
     """Dense Cholesky for symmetric positive definite systems (the Hessian at a minimum):
     half the work of LU. Fails loudly when the matrix is not positive definite."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw):
+    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
         matrix = _dense_matrix(matvec, b)
         upper = upper_cholesky(0.5 * (matrix + matrix.T))
-        return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw)
+        return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw, kind)
 
 
 class _Krylov(AbstractLinearSolver):
@@ -170,7 +175,7 @@ class _Krylov(AbstractLinearSolver):
     @abc.abstractmethod
     def _run(self, operator: MatVec, rhs: Flat, rtol: float, atol: float) -> Flat: ...
 
-    def solve(self, matvec, b, *, symmetric, factor, throw):
+    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
         rtol = default_tolerance(self.rtol, b.dtype)
         atol = default_tolerance(self.atol, b.dtype)
         name = f"ea.{type(self).__name__}"
@@ -180,7 +185,7 @@ class _Krylov(AbstractLinearSolver):
         )
 
         def runner(transpose):
-            message = _message(name, why, transpose)
+            message = _message(name, why, transpose, kind)
 
             def run(operator, rhs):
                 # Solved for the right-hand side scaled to rms 1, and scaled back. The scale
@@ -257,13 +262,13 @@ class AutoLinearSolver(AbstractLinearSolver):
     minima, [`LU`][energyattn.LU] otherwise) up to `DENSE_LIMIT` = 512 unknowns, else
     matrix-free ([`CG`][energyattn.CG] / [`GMRES`][energyattn.GMRES])."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw):
+    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
         if factor is not None:
             if symmetric:
-                return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw)
-            return _lu_solve(matvec, b, factor, "an LU factor", throw)
+                return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw, kind)
+            return _lu_solve(matvec, b, factor, "an LU factor", throw, kind)
         if b.shape[0] <= DENSE_LIMIT:
             dense = Cholesky() if symmetric else LU()
-            return dense.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw)
+            return dense.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw, kind=kind)
         krylov = CG() if symmetric else GMRES()
-        return krylov.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw)
+        return krylov.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw, kind=kind)
