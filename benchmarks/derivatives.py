@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     heads_list = args.heads or ([1] if args.quick else [1, 8])
     repeats = args.repeats or (3 if args.quick else 7)
     before = _baseline.load(BEFORE)
+    print(
+        f"columns: 'after' = this checkout, 'before' = energyattn at commit {BEFORE} (blockwise "
+        "attention as custom_vjps, reverse mode only, so it has no jvp or forward-over-reverse "
+        "rows); times in ms, medians of interleaved repeats"
+    )
     rows = []
 
     def add(row):

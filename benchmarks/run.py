@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         # ... and the scripts that rerun themselves in a subprocess read it from here.
         os.environ["ENERGYATTN_BENCH_RESULTS"] = str(args.results)
     names = args.only or list(BENCHMARKS)
+    print(
+        "Each row is printed as it is measured. Columns named 'before' are energyattn at an "
+        "earlier commit (named in each benchmark's docstring, imported beside this checkout "
+        "by benchmarks/_baseline.py), 'after' this checkout; ratios are after / before, "
+        "times medians of interleaved repeats. benchmarks/README.md has the targets.",
+        flush=True,
+    )
     seconds = {}
     began = time.perf_counter()
     for name in names:
