@@ -276,7 +276,11 @@ def fixed_point(
 
     x = jnp.array([0.3, -1.0])
     z = ea.fixed_point(fn, jnp.zeros(2), x).value
-    hessian = jax.hessian(lambda x: jnp.sum(ea.fixed_point(fn, jnp.zeros(2), x).value ** 2))(x)
+
+    def loss(x):
+        return jnp.sum(ea.fixed_point(fn, jnp.zeros(2), x).value ** 2)
+
+    hessian = jax.jit(jax.hessian(loss))(x)  # compiled: one program, not op by op
     ```
 
     ??? cite "Source"

@@ -149,8 +149,9 @@ def smt_magnetizations(
     x = R * x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # inputs of norm R
     q, k = jr.normal(kq, (8, 16)), jr.normal(kk, (8, 16))
     J = jax.nn.softmax(q @ k.T / 4, axis=-1)  # asymmetric couplings
-    m = ea.spin.smt_magnetizations(x, J, R=R)
-    grad_J = jax.grad(lambda J: jnp.sum(ea.spin.smt_magnetizations(x, J, R=R) ** 2))(J)
+    magnetizations = jax.jit(ea.spin.smt_magnetizations, static_argnames="R")
+    m = magnetizations(x, J, R=R)  # compiled once: the solve and its checks in one program
+    grad_J = jax.jit(jax.grad(lambda J: jnp.sum(magnetizations(x, J, R=R) ** 2)))(J)
     ```
 
     ??? cite "Source"
