@@ -112,7 +112,13 @@ def test_ring_memory_per_device_is_a_chunk():
 
     one = temp_bytes(lambda q, k: ea.hopfield_energy(q, k, implementation="blockwise"))
     ring = temp_bytes(lambda q, k: ea.parallel.ring_hopfield_energy(q, k, mesh))
-    assert ring <= 1.2 * one / 8, (ring, one)
+    # An even share of the blockwise temporaries plus a few chunk buffers (the keys and
+    # their gradients in flight): measured one/8 + 3.5 chunks with JAX 0.10 and one/8 + 4.5
+    # with JAX 0.12, whose ring holds one more chunk (746544 bytes against 713392). Keys
+    # gathered on each device would add 14 chunks (the other 7 chunks of keys and of their
+    # gradients); a score matrix, all of `one`.
+    chunk = seq // 8 * dim * 4
+    assert ring <= one / 8 + 6 * chunk, (ring, one, chunk)
 
 
 def test_context_parallel_errors():
