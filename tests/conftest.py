@@ -144,6 +144,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def jax_defaults():
+    """JAX's default 32-bit mode for one test (code it runs may turn x64 on itself, as a
+    reader's would); the suite's float64 mode is restored afterwards."""
+    jax.config.update("jax_enable_x64", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
 def getkey():
     """Return a function that gives a fresh, deterministic PRNG key on every call."""
     key = jr.key(0)

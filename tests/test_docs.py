@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 
-import jax
 import pytest
 
 import energyattn as ea
@@ -65,18 +64,13 @@ PAGES_WITH_CODE = [page for page in PAGES if FENCE.search(page.read_text())]
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(DOCS)))
-def test_docs_examples_run(page, tmp_path, monkeypatch, capsys):
+def test_docs_examples_run(page, tmp_path, monkeypatch, capsys, jax_defaults):
     """Every Python example of a page runs, in order, in one namespace (files go to tmp), as
     a reader runs it: in JAX's default 32-bit mode unless the page itself turns on x64."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
-    text = page.read_text()
-    jax.config.update("jax_enable_x64", "jax_enable_x64" in text)
-    try:
-        for i, block in enumerate(FENCE.findall(text)):
-            exec(compile(block, f"{page.relative_to(ROOT)} (example {i + 1})", "exec"), namespace)
-    finally:
-        jax.config.update("jax_enable_x64", True)  # the suite's mode (tests/conftest.py)
+    for i, block in enumerate(FENCE.findall(page.read_text())):
+        exec(compile(block, f"{page.relative_to(ROOT)} (example {i + 1})", "exec"), namespace)
 
 
 def test_readme_links_resolve():
