@@ -83,6 +83,33 @@ def test_stopping_rule_and_step_count(getkey):
     assert rms(_affine(z_prev, (A, b)) - z_prev) > atol + rtol * rms(_affine(z_prev, (A, b)))
 
 
+def test_one_default_tolerance_policy_scales_with_the_dtype():
+    # Every solver's default is eps ** 0.6 of the dtype being solved (docs/api/solvers.md);
+    # the linear solvers of the adjoint apply the same `None` (see GMRES._run).
+    for solver in (ea.Picard(), ea.Anderson(), ea.Newton(), ea.LBFGS()):
+        for dtype in (jnp.float64, jnp.float32, jnp.bfloat16):
+            expected = float(jnp.finfo(dtype).eps) ** 0.6
+            assert solver.tolerances(dtype) == (expected, expected)
+    for solver in (ea.Picard(), ea.Anderson(), ea.Newton(), ea.LBFGS(), ea.GMRES(), ea.CG()):
+        assert solver.rtol is None and solver.atol is None
+
+
+def test_default_fixed_point_tolerances_give_float64_accuracy(getkey):
+    # The former fixed 1e-5 / 1e-6 left float64 solves at 1e-6; the default now reaches 1e-9.
+    A, b = _linear_problem(getkey(), radius=0.5)
+    exact = np.linalg.solve(np.eye(6) - np.asarray(A), np.asarray(b))
+    solve = jax.jit(
+        lambda A, b: [
+            ea.fixed_point(_affine, jnp.zeros(6), (A, b), solver=s).value
+            for s in (ea.Picard(), ea.Anderson())
+        ]
+    )
+    for value in solve(A, b):
+        np.testing.assert_allclose(value, exact, rtol=0, atol=1e-9 * np.abs(exact).max())
+    for value in solve(A.astype(jnp.float32), b.astype(jnp.float32)):
+        assert np.abs(np.asarray(value) - exact).max() < 1e-3 * np.abs(exact).max()
+
+
 def test_result_codes_and_raises(getkey):
     A, b = _linear_problem(getkey(), radius=0.95)
     sol = ea.fixed_point(

@@ -17,7 +17,10 @@ from ._fixed_point import (
 from ._iterate import (
     AbstractIterativeSolver as AbstractIterativeSolver,
     AbstractObjective as AbstractObjective,
-    Problem as Problem,
+    AbstractProblem as AbstractProblem,
+    FixedPointProblem as FixedPointProblem,
+    MinimiseProblem as MinimiseProblem,
+    RootProblem as RootProblem,
     bounded_while as bounded_while,
     flatten_problem as flatten_problem,
     iterate as iterate,

@@ -27,9 +27,9 @@ from .._checks import positive_int, python_float
 from .._custom_types import State
 from ._iterate import (
     AbstractIterativeSolver,
+    AbstractProblem,
+    FixedPointProblem,
     Flat,
-    Kind,
-    Problem,
     as_arrays,
     check_initial,
     flatten_problem,
@@ -50,7 +50,7 @@ class AbstractAdjoint(eqx.Module):
     def solve(
         self,
         solver: AbstractIterativeSolver,
-        problem: Problem,
+        problem: AbstractProblem,
         y0: Flat,
         args: Any,
         *,
@@ -117,7 +117,7 @@ class ImplicitAdjoint(AbstractAdjoint):
 
 def implicit_value(
     root: Flat,
-    problem: Problem,
+    problem: AbstractProblem,
     args: Any,
     factor: Any = None,
     *,
@@ -158,10 +158,10 @@ def _implicit_jvp(primals, tangents, *, linear_solver, throw):
     t_root = linear_solver.solve(
         matvec,
         -rhs,
-        symmetric=problem.kind == "minimise",
+        symmetric=problem.symmetric,
         factor=factor,
         throw=throw,
-        kind=problem.kind,  # an error names the system and the pass
+        problem=type(problem),  # an error names the system and the pass
     )
     return root, t_root
 
@@ -213,7 +213,7 @@ class PhantomAdjoint(AbstractAdjoint):
             raise ValueError(f"damping must be in (0, 1], got {self.damping!r}")
 
     def solve(self, solver, problem, y0, args, *, max_steps, throw):
-        if problem.kind != "fixed_point":
+        if not isinstance(problem, FixedPointProblem):
             raise ValueError(
                 "ea.PhantomAdjoint differentiates steps of a fixed-point map: use it with "
                 "ea.fixed_point, or ea.minimise with ea.Picard / ea.Anderson"
@@ -236,19 +236,20 @@ def check_adjoint(adjoint: Any) -> AbstractAdjoint:
     return adjoint
 
 
-def check_solver(solver: Any, kind: Kind, entry: str) -> AbstractIterativeSolver:
+def check_solver(solver: Any, kind: type[AbstractProblem], entry: str) -> AbstractIterativeSolver:
     if not isinstance(solver, AbstractIterativeSolver):
         raise ValueError(f"{entry}: solver must be an ea solver object, got {solver!r}")
-    if kind not in solver.kinds:
+    if not issubclass(kind, solver.kinds):
+        names = " / ".join(k.name for k in solver.kinds)
         raise ValueError(
-            f"{entry} cannot use {type(solver).__name__}: it solves "
-            f"{' / '.join(solver.kinds)} problems"
+            f"{entry} cannot use {type(solver).__name__}: it solves {names} problems, "
+            f"not {kind.name} problems"
         )
     return solver
 
 
 def solve_problem(
-    kind: Kind,
+    kind: type[AbstractProblem],
     fn: Callable,
     y0: State,
     args: Any,

@@ -15,7 +15,7 @@ mode can differentiate.
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -29,7 +29,6 @@ from .._custom_types import State
 from ._solution import RESULTS, Solution
 
 Flat = Float[Array, " n"]
-Kind = Literal["fixed_point", "root", "minimise"]
 
 
 def rms(x: Array) -> Float[Array, ""]:
@@ -131,49 +130,93 @@ class EnergyObjective(AbstractObjective):
         return jax.grad(self.fn)(y, args)
 
 
-class Problem(eqx.Module):
-    """A problem on flat vectors: `fn` is the map $f$ (fixed point $y = f(y)$), the residual
-    $F$ (root $F(y) = 0$) or, for minimisation, carried by `objective`."""
+class AbstractProblem(eqx.Module):
+    """A problem on flat vectors: what a solver is asked to solve, and what the implicit
+    adjoint linearises (`residual`, zero at the solution).
 
-    fn: Callable[[Flat, Any], Any] | None
-    objective: AbstractObjective | None
-    kind: Kind = eqx.field(static=True)
+    Each kind of problem is a type, so solvers declare the kinds they solve as types
+    (`AbstractIterativeSolver.kinds`) and branch on `isinstance`, never on a string.
+    """
 
+    #: What messages call a problem of this kind ("fixed-point", "root", "minimisation").
+    name: ClassVar[str]
+    #: The implicit adjoint's linear systems, as an error names them: (forward mode, reverse
+    #: mode). $u$, $v$: the unknowns; $r$, $g$: the right-hand sides.
+    systems: ClassVar[tuple[str, str]]
+    #: Whether the residual's Jacobian is symmetric (a Hessian).
+    symmetric: ClassVar[bool] = False
+
+    @abc.abstractmethod
     def residual(self, y: Flat, args: Any) -> Flat:
-        """The function that is zero at the solution (what the implicit adjoint linearises)."""
-        if self.kind == "minimise":
-            return self.objective.residual(y, args)
-        out = self.fn(y, args)
-        return out - y if self.kind == "fixed_point" else out
+        """The function that is zero at the solution."""
+
+
+class FixedPointProblem(AbstractProblem):
+    """$y = f(y)$, with `fn` the map $f$; the residual is $f(y) - y$."""
+
+    fn: Callable[[Flat, Any], Flat]
+    name: ClassVar[str] = "fixed-point"
+    systems: ClassVar[tuple[str, str]] = ("(I - ∂f/∂y) u = r", "(I - ∂f/∂y)ᵀ v = g")
+
+    def residual(self, y, args):
+        return self.fn(y, args) - y
+
+
+class RootProblem(AbstractProblem):
+    """$F(y) = 0$, with `fn` the residual $F$."""
+
+    fn: Callable[[Flat, Any], Flat]
+    name: ClassVar[str] = "root"
+    systems: ClassVar[tuple[str, str]] = ("(∂F/∂y) u = r", "(∂F/∂y)ᵀ v = g")
+
+    def residual(self, y, args):
+        return self.fn(y, args)
+
+
+class MinimiseProblem(AbstractProblem):
+    """$\\min_y E(y)$, with the energy carried by `objective`; the residual is $\\nabla E$."""
+
+    objective: AbstractObjective
+    name: ClassVar[str] = "minimisation"
+    systems: ClassVar[tuple[str, str]] = (
+        "∇²E u = r (the Hessian at the minimum)",
+        "∇²E v = g (the Hessian at the minimum)",
+    )
+    symmetric: ClassVar[bool] = True
+
+    def residual(self, y, args):
+        return self.objective.residual(y, args)
 
 
 class AbstractIterativeSolver(eqx.Module):
     """A solver the loop runs: `init`, then `step` until converged, then `postprocess`.
 
-    Subclasses declare the problem kinds they solve (`kinds`) and whether their first pass
+    Subclasses declare the problem types they solve (`kinds`) and whether their first pass
     only evaluates the start (`start_pass`: Newton and L-BFGS evaluate the derivatives at
     $y_0$ in the loop's first pass, so each compiled function is traced once).
     """
 
     rtol: eqx.AbstractVar[float | None]
     atol: eqx.AbstractVar[float | None]
-    kinds: ClassVar[tuple[str, ...]]
+    kinds: ClassVar[tuple[type[AbstractProblem], ...]]
     start_pass: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def init(self, problem: Problem, y: Flat, args: Any) -> PyTree:
-        """The solver's state before the first pass."""
+    def init(self, problem: AbstractProblem, y: Flat, args: Any, start: Any = None) -> PyTree:
+        """The solver's state before the first pass. `start`: what the objective's `value`
+        returned at `y`, when the caller already evaluated it (a solver that evaluates the
+        start itself may take it instead); `None` otherwise."""
 
     @abc.abstractmethod
     def step(
-        self, problem: Problem, y: Flat, args: Any, state: PyTree, unrolled: bool
+        self, problem: AbstractProblem, y: Flat, args: Any, state: PyTree, unrolled: bool
     ) -> tuple[Flat, PyTree, Bool[Array, ""], Bool[Array, ""], RESULTS]:
         """One pass: `(y_next, state, took_step, converged, result)`. `result` is
         `successful` unless the pass failed (the loop adds `max_steps_reached`)."""
 
     @abc.abstractmethod
     def postprocess(
-        self, problem: Problem, y: Flat, args: Any, state: PyTree, result: RESULTS
+        self, problem: AbstractProblem, y: Flat, args: Any, state: PyTree, result: RESULTS
     ) -> tuple[Flat, Float[Array, ""], dict[str, Any], dict[str, Any]]:
         """`(value, residual, stats, extras)`: `extras` is for the adjoint (e.g. a factor of
         the Jacobian at the solution) and is not part of the public `Solution`."""
@@ -194,7 +237,7 @@ def default_tolerance(tol: float | None, dtype: Any) -> float:
 
 def iterate(
     solver: AbstractIterativeSolver,
-    problem: Problem,
+    problem: AbstractProblem,
     y0: Flat,
     args: Any,
     max_steps: int,
@@ -219,9 +262,7 @@ def iterate(
         return y, state, k, result, running
 
     zero, running = jnp.zeros((), jnp.int32), jnp.ones((), bool)
-    state = (
-        solver.init(problem, y0, args) if start is None else solver.init(problem, y0, args, start)
-    )
+    state = solver.init(problem, y0, args, start)
     init = (y0, state, zero, ok_result(), running)
     passes = max_steps + int(solver.start_pass)
     y, state, k, result, _ = bounded_while(lambda c: c[-1], body, init, passes, unrolled)
@@ -235,25 +276,25 @@ def iterate(
 
 
 def flatten_problem(
-    kind: Kind, fn: Callable, y0: State, args: Any
-) -> tuple[Problem, Flat, Callable[[Flat], State]]:
-    """The user's `fn(y, args)` on a pytree `y0` as a `Problem` on flat vectors.
+    kind: type[AbstractProblem], fn: Callable, y0: State, args: Any
+) -> tuple[AbstractProblem, Flat, Callable[[Flat], State]]:
+    """The user's `fn(y, args)` on a pytree `y0` as a problem of type `kind` on flat vectors.
 
     Closure conversion turns arrays that `fn` closes over (e.g. an Equinox module's
     parameters) into explicit leaves of the problem, which the adjoints differentiate.
     """
     flat0, unravel = ravel_pytree(y0)
     want = jax.eval_shape(lambda y: y, y0)
-    if kind == "minimise":
+    if kind is MinimiseProblem:
         check_energy_output(fn, want, args)
 
         def flat_energy(y, args):
             return fn(unravel(y), args).astype(y.dtype)
 
         converted = as_arrays(eqx.filter_closure_convert(flat_energy, flat0, args))
-        return Problem(None, EnergyObjective(converted), kind), flat0, unravel
+        return MinimiseProblem(EnergyObjective(converted)), flat0, unravel
     out = jax.eval_shape(fn, y0, args)
-    if kind == "root":
+    if kind is RootProblem:
         # As many equations as unknowns, in any structure.
         size = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(out))
         if size != flat0.shape[0]:
@@ -278,7 +319,7 @@ def flatten_problem(
         return ravel_pytree(fn(unravel(y), args))[0].astype(y.dtype)
 
     converted = as_arrays(eqx.filter_closure_convert(flat_fn, flat0, args))
-    return Problem(converted, None, kind), flat0, unravel
+    return kind(converted), flat0, unravel
 
 
 def as_arrays(tree: Any) -> Any:

@@ -25,24 +25,18 @@ from jaxtyping import Array, Float
 
 from .._checks import positive_int, python_float
 from .._linalg import cholesky_solve, upper_cholesky
-from ._iterate import default_tolerance, rms
+from ._iterate import AbstractProblem, default_tolerance, rms
 
 Flat = Float[Array, " n"]
 MatVec = Callable[[Flat], Flat]
+ProblemType = type[AbstractProblem]
 
 #: Up to this many unknowns the automatic choice builds the matrix and factorises it.
 DENSE_LIMIT = 512
 
-#: The system each pass solves, by problem kind: (forward mode, reverse mode).
-_SYSTEMS = {
-    "fixed_point": ("(I - ∂f/∂y) u = r", "(I - ∂f/∂y)ᵀ v = g"),
-    "root": ("(∂F/∂y) u = r", "(∂F/∂y)ᵀ v = g"),
-    "minimise": (
-        "∇²E u = r (the Hessian at the minimum)",
-        "∇²E v = g (the Hessian at the minimum)",
-    ),
-}
-_GENERIC = ("A u = r", "Aᵀ v = g")  # A: the Jacobian of the residual at the solution
+#: The system a failed solve names when the problem is not known: A is the Jacobian of the
+#: residual at the solution.
+_GENERIC = ("A u = r", "Aᵀ v = g")
 
 _FAILED = (
     "implicit differentiation failed in {which}: the implicit adjoint's linear solve of "
@@ -53,10 +47,10 @@ _FAILED = (
 )
 
 
-def _message(name: str, why: str, transpose: bool, kind: str | None) -> str:
-    """The error of a failed solve: which pass, which system (by the problem `kind` whose
-    derivative is solved for, when given) and why."""
-    system = _SYSTEMS.get(kind, _GENERIC)[int(transpose)]
+def _message(name: str, why: str, transpose: bool, problem: ProblemType | None) -> str:
+    """The error of a failed solve: which pass, which system (that of the `problem` type
+    whose derivative is solved for, when given) and why."""
+    system = (_GENERIC if problem is None else problem.systems)[int(transpose)]
     which = (
         "the backward pass (reverse mode, e.g. jax.grad)"
         if transpose
@@ -89,13 +83,12 @@ class AbstractLinearSolver(eqx.Module):
         symmetric: bool,
         factor: Any,
         throw: bool,
-        kind: str | None = None,
+        problem: ProblemType | None = None,
     ) -> Flat:
         """$A^{-1}b$ for $A$ = `matvec` (differentiable and transposable). `factor` is a
         factorisation of $A$ the forward solver left behind (or `None`). With `throw`, a
-        failed solve raises at run time; `kind` (`"fixed_point"`, `"root"`, `"minimise"`)
-        is the problem whose derivative this solve gives, so that the error names its
-        system."""
+        failed solve raises at run time; `problem` is the type of problem whose derivative
+        this solve gives (e.g. `FixedPointProblem`), so that the error names its system."""
 
 
 def _factored_solve(
@@ -105,7 +98,7 @@ def _factored_solve(
     apply_t: Callable | None,
     name: str,
     throw: bool,
-    kind: str | None,
+    problem: ProblemType | None,
 ) -> Flat:
     """Solve with a factorisation: `apply` is $A^{-1}$, `apply_t` is $A^{-\\top}$ (`None`
     for a symmetric $A$)."""
@@ -113,7 +106,7 @@ def _factored_solve(
     why = "failed: the matrix is singular (the solve gave NaN or inf)"
 
     def checked(apply, transpose):
-        message = _message(name, why, transpose, kind)
+        message = _message(name, why, transpose, problem)
 
         def solve(_, rhs):
             x = apply(rhs)
@@ -130,35 +123,44 @@ def _factored_solve(
     )
 
 
-def _lu_solve(matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool, kind: str | None) -> Flat:
+def _lu_solve(
+    matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool, problem: ProblemType | None
+) -> Flat:
     apply_t = lambda r: jsl.lu_solve(lu, r, trans=1)  # noqa: E731
     apply = lambda r: jsl.lu_solve(lu, r)  # noqa: E731
-    return _factored_solve(matvec, b, apply, apply_t, name, throw, kind)
+    return _factored_solve(matvec, b, apply, apply_t, name, throw, problem)
 
 
 def _cholesky_solve(
-    matvec: MatVec, b: Flat, upper: Float[Array, "n n"], name: str, throw: bool, kind: str | None
+    matvec: MatVec,
+    b: Flat,
+    upper: Float[Array, "n n"],
+    name: str,
+    throw: bool,
+    problem: ProblemType | None,
 ) -> Flat:
     apply = lambda r: cholesky_solve(upper, r)  # noqa: E731
-    return _factored_solve(matvec, b, apply, None, name, throw, kind)
+    return _factored_solve(matvec, b, apply, None, name, throw, problem)
 
 
 class LU(AbstractLinearSolver):
     """Dense LU: build the $n\\times n$ Jacobian ($n$ Jacobian-vector products) and factorise
     it. Exact and robust for small systems; $O(n^3)$."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
-        return _lu_solve(matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw, kind)
+    def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
+        return _lu_solve(
+            matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw, problem
+        )
 
 
 class Cholesky(AbstractLinearSolver):
     """Dense Cholesky for symmetric positive definite systems (the Hessian at a minimum):
     half the work of LU. Fails loudly when the matrix is not positive definite."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
+    def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
         matrix = _dense_matrix(matvec, b)
         upper = upper_cholesky(0.5 * (matrix + matrix.T))
-        return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw, kind)
+        return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw, problem)
 
 
 class _Krylov(AbstractLinearSolver):
@@ -175,7 +177,7 @@ class _Krylov(AbstractLinearSolver):
     @abc.abstractmethod
     def _run(self, operator: MatVec, rhs: Flat, rtol: float, atol: float) -> Flat: ...
 
-    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
+    def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
         rtol = default_tolerance(self.rtol, b.dtype)
         atol = default_tolerance(self.atol, b.dtype)
         name = f"ea.{type(self).__name__}"
@@ -185,7 +187,7 @@ class _Krylov(AbstractLinearSolver):
         )
 
         def runner(transpose):
-            message = _message(name, why, transpose, kind)
+            message = _message(name, why, transpose, problem)
 
             def run(operator, rhs):
                 # Solved for the right-hand side scaled to rms 1, and scaled back. The scale
@@ -262,13 +264,17 @@ class AutoLinearSolver(AbstractLinearSolver):
     minima, [`LU`][energyattn.LU] otherwise) up to `DENSE_LIMIT` = 512 unknowns, else
     matrix-free ([`CG`][energyattn.CG] / [`GMRES`][energyattn.GMRES])."""
 
-    def solve(self, matvec, b, *, symmetric, factor, throw, kind=None):
+    def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
         if factor is not None:
             if symmetric:
-                return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw, kind)
-            return _lu_solve(matvec, b, factor, "an LU factor", throw, kind)
+                return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw, problem)
+            return _lu_solve(matvec, b, factor, "an LU factor", throw, problem)
         if b.shape[0] <= DENSE_LIMIT:
             dense = Cholesky() if symmetric else LU()
-            return dense.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw, kind=kind)
+            return dense.solve(
+                matvec, b, symmetric=symmetric, factor=None, throw=throw, problem=problem
+            )
         krylov = CG() if symmetric else GMRES()
-        return krylov.solve(matvec, b, symmetric=symmetric, factor=None, throw=throw, kind=kind)
+        return krylov.solve(
+            matvec, b, symmetric=symmetric, factor=None, throw=throw, problem=problem
+        )

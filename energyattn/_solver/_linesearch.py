@@ -19,7 +19,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms, tree_where
+from ._iterate import (
+    AbstractIterativeSolver,
+    AbstractProblem,
+    MinimiseProblem,
+    bounded_while,
+    rms,
+    tree_where,
+)
 from ._solution import RESULTS
 
 Flat = Float[Array, " n"]
@@ -191,20 +198,25 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
     start_pass: ClassVar[bool] = True
 
     @abc.abstractmethod
-    def init_memory(self, problem: Problem, y: Flat, args: Any) -> Any:
+    def init_memory(self, problem: AbstractProblem, y: Flat, args: Any) -> Any:
         """The solver's memory before the first direction."""
 
     @abc.abstractmethod
     def propose(
-        self, problem: Problem, point: Trial, args: Any, state: LineSearchState, unrolled: bool
+        self,
+        problem: AbstractProblem,
+        point: Trial,
+        args: Any,
+        state: LineSearchState,
+        unrolled: bool,
     ) -> tuple[Flat, Float[Array, ""], Any, Bool[Array, ""], Bool[Array, ""]]:
         """`(direction, slope, memory, positive, solved)` at the accepted `point`
         (`positive`: the curvature there is positive, for minimisation; `solved`: the
         direction solves its system to the solver's tolerance, so that its size may decide
         convergence: an inexact Newton step that fell short may not)."""
 
-    def merit(self, problem: Problem, args: Any) -> Callable[[Flat], tuple]:
-        if problem.kind == "minimise":
+    def merit(self, problem: AbstractProblem, args: Any) -> Callable[[Flat], tuple]:
+        if isinstance(problem, MinimiseProblem):
             return lambda y: problem.objective.value(y, args)
 
         def half_square(y):
@@ -250,7 +262,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             skip=~state.started & state.evaluated,
         )
         point = tree_where(search.accepted, search.trial, state.point)
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             # A full step that fell as if the energy had no curvature along it is tried
             # longer and longer: an energy unbounded below then reaches the unbounded test
             # (1/eps below the start) in one pass instead of creeping down to max_steps.
@@ -280,7 +292,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         # steepest-descent step (a singular Jacobian) or a Krylov step that fell short does
         # not. For a root, a small step that is not Newton's marks a stationary point of
         # |F|^2 that is not a root.
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             near, stuck = small & solved, jnp.zeros((), bool)
         else:
             # Or the residual itself is as small as the tolerances make it, relative to the
@@ -293,7 +305,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
         start_value = jnp.where(state.started, state.start_value, point.f)
         where = RESULTS.where
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             eps = float(jnp.finfo(y.dtype).eps)
             unbounded = (point.f == -jnp.inf) | (
                 point.f < start_value - (1 + jnp.abs(start_value)) / eps
@@ -304,7 +316,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         stalled_near = (state.size <= jnp.sqrt(tol)) & state.solved
         # For a root, no decrease of |F|^2 along Newton's step means a Jacobian that does not
         # describe F there: a singular one, at a stationary point of |F|^2 that is no root.
-        no_decrease = RESULTS.stalled if problem.kind == "minimise" else RESULTS.no_root
+        no_decrease = RESULTS.stalled if isinstance(problem, MinimiseProblem) else RESULTS.no_root
         failed = where(
             search.saw_nan,
             RESULTS.nonfinite,
@@ -324,7 +336,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
                 ),
             ),
         )
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             saddle = converged & ~positive & (result == RESULTS.successful)
             result = where(saddle, RESULTS.indefinite, result)
         took_step = state.started & search.accepted

@@ -14,7 +14,10 @@ from ._adjoint import AbstractAdjoint, solve_problem, split_aux
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
     AbstractIterativeSolver,
+    AbstractProblem,
+    FixedPointProblem,
     Flat,
+    MinimiseProblem,
     check_energy_output,
     check_initial,
     no_grad,
@@ -68,7 +71,7 @@ class LBFGS(AbstractLineSearchSolver):
     history: int = eqx.field(default=10, static=True)
     max_backtracks: int = eqx.field(default=40, static=True)
     armijo: float = eqx.field(default=1e-4, static=True)
-    kinds: ClassVar[tuple[str, ...]] = ("minimise",)
+    kinds: ClassVar[tuple[type[AbstractProblem], ...]] = (MinimiseProblem,)
 
     def __check_init__(self):
         for name in ("rtol", "atol"):
@@ -218,7 +221,7 @@ def minimise(
             g = grad(x, args)
             return jax.tree.map(lambda xi, gi: xi - alpha.astype(xi.dtype) * gi, x, g)
 
-        kind, fn = "fixed_point", gradient_step
+        kind, fn = FixedPointProblem, gradient_step
         check_energy_output(energy, x0, args)
     else:
         if step_size is not None:
@@ -226,7 +229,7 @@ def minimise(
                 "step_size applies to fixed-point solvers on the gradient map (ea.Picard, "
                 f"ea.Anderson); {type(solver).__name__} chooses its steps by line search"
             )
-        kind, fn = "minimise", energy
+        kind, fn = MinimiseProblem, energy
     return solve_problem(
         kind,
         fn,

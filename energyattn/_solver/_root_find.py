@@ -13,7 +13,15 @@ from .._checks import positive_int, python_float
 from .._custom_types import State
 from .._linalg import cholesky_solve, upper_cholesky
 from ._adjoint import AbstractAdjoint, solve_problem, split_aux
-from ._iterate import AbstractIterativeSolver, Problem, bounded_while, rms
+from ._iterate import (
+    AbstractIterativeSolver,
+    AbstractProblem,
+    FixedPointProblem,
+    MinimiseProblem,
+    RootProblem,
+    bounded_while,
+    rms,
+)
 from ._krylov import minimum_direction, root_direction
 from ._linear import DENSE_LIMIT
 from ._linesearch import AbstractLineSearchSolver, Trial
@@ -132,7 +140,11 @@ class Newton(AbstractLineSearchSolver):
     chord_check: bool = eqx.field(default=False, static=True)
     jacobian: str = eqx.field(default="auto", static=True)
     krylov_steps: int = eqx.field(default=100, static=True)
-    kinds: ClassVar[tuple[str, ...]] = ("root", "fixed_point", "minimise")
+    kinds: ClassVar[tuple[type[AbstractProblem], ...]] = (
+        RootProblem,
+        FixedPointProblem,
+        MinimiseProblem,
+    )
 
     def __check_init__(self):
         for name in ("rtol", "atol"):
@@ -150,14 +162,19 @@ class Newton(AbstractLineSearchSolver):
         return self.jacobian == "matrix-free" or (self.jacobian == "auto" and n > DENSE_LIMIT)
 
     def _direction(
-        self, problem: Problem, point: Trial, args: Any, unrolled: bool, previous: Any = None
+        self,
+        problem: AbstractProblem,
+        point: Trial,
+        args: Any,
+        unrolled: bool,
+        previous: Any = None,
     ):
         """`(direction, slope, memory, positive, solved)` at `point`. `previous` (minima with
         `chord_check`): `(factor, positive, tol)` of the last pass, or `None`."""
         if self.matrix_free(point.y.shape[0]):
             return self._krylov_direction(problem, point, args, unrolled)
         true = jnp.ones((), bool)
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             grad, hessian, cache = problem.objective.hessian(point.y, args, point.aux)
 
             def fresh(_):
@@ -192,7 +209,7 @@ class Newton(AbstractLineSearchSolver):
 
     def _krylov_direction(self, problem, point, args, unrolled):
         # No factorisation to keep: the implicit adjoint solves matrix-free as well.
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             grad = problem.objective.gradient(point.y, args, point.aux)
             rtol, atol = self.tolerances(point.y.dtype)
             # Near convergence (the line search's round-off floor is sqrt(tol)) the
@@ -224,7 +241,7 @@ class Newton(AbstractLineSearchSolver):
     def propose(self, problem, point, args, state, unrolled):
         previous = None
         dense = not self.matrix_free(point.y.shape[0])
-        if self.chord_check and problem.kind == "minimise" and dense:
+        if self.chord_check and isinstance(problem, MinimiseProblem) and dense:
             rtol, atol = self.tolerances(point.y.dtype)
             tol = atol + rtol * rms(point.y)
             # Before the first direction the memory is zeros: never reused.
@@ -235,7 +252,7 @@ class Newton(AbstractLineSearchSolver):
         done = result == RESULTS.successful
         value = jnp.where(done, y + state.direction, y)
         stats = {"value": state.point.f, "backtracks": state.backtracks}
-        if problem.kind == "minimise":
+        if isinstance(problem, MinimiseProblem):
             factor, cache = state.memory
             if self.chord_check:
                 factor = None  # perhaps the previous iterate's: the adjoint factorises anew
@@ -295,7 +312,7 @@ def root_find(
     """
     fn, aux = split_aux(fn, has_aux, "ea.root_find")
     return solve_problem(
-        "root",
+        RootProblem,
         fn,
         y0,
         args,

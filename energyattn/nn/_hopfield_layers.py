@@ -40,7 +40,13 @@ from .._checks import (
 )
 from .._custom_types import Scalar
 from .._energy import AbstractEnergy, hopfield_energy
-from .._solver import bounded_while, flatten_problem, implicit_value, no_grad
+from .._solver import (
+    MinimiseProblem,
+    bounded_while,
+    flatten_problem,
+    implicit_value,
+    no_grad,
+)
 from ._softmax import _masked_softmax
 
 Input = Float[ArrayLike, "seq dim"] | tuple[ArrayLike, ArrayLike, ArrayLike]
@@ -616,7 +622,7 @@ class Hopfield(eqx.Module):
         # (implicit function theorem).
         steps, xi, _ = jax.vmap(head)(*no_grad((q, k, beta)), limits, eps)
         energy = HopfieldHeadsEnergy(k, beta, allowed)
-        problem, flat, unravel = flatten_problem("minimise", energy, xi, None)
+        problem, flat, unravel = flatten_problem(MinimiseProblem, energy, xi, None)
         xi = unravel(implicit_value(flat, problem, None))
         return jax.vmap(association)(xi, k, beta), steps
 

@@ -50,8 +50,8 @@ from .._linalg import upper_cholesky
 from .._solver import (
     RESULTS,
     AbstractObjective,
+    MinimiseProblem,
     Newton,
-    Problem,
     Solution,
     Trial,
     bounded_while,
@@ -158,7 +158,7 @@ class _Saddle(eqx.Module):
     phi: Float[Array, ""]  # phi there
 
 
-_PROBLEM = Problem(None, _Phi(), "minimise")
+_PROBLEM = MinimiseProblem(_Phi())
 
 
 class _PhiAt(_Phi):
@@ -172,7 +172,7 @@ class _PhiAt(_Phi):
         return grad_hess_from(tp, A, P, beta)[0]
 
 
-_AT_SOLUTION = Problem(None, _PhiAt(), "minimise")
+_AT_SOLUTION = MinimiseProblem(_PhiAt())
 
 
 def _options(mode: Any, solver: Any, max_steps: Any) -> tuple[Mode, Newton | None, int]:
