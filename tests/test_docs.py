@@ -81,10 +81,13 @@ def test_readme_links_resolve():
         assert (ROOT / target).exists(), f"README links to missing {target}"
 
 
-def test_mkdocs_build_is_strict_clean(tmp_path):
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once by `mkdocs build --strict` (a warning fails it); its folder."""
     pytest.importorskip("mkdocs", reason="the docs extra: pip install 'energyattn[docs]'")
+    site = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -92,8 +95,32 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    api = (tmp_path / "api" / "energies" / "index.html").read_text()
+    return site
+
+
+def test_mkdocs_build_is_strict_clean(site):
+    api = (site / "api" / "energies" / "index.html").read_text()
     assert 'id="energyattn.hopfield_energy"' in api  # mkdocstrings rendered the reference
+
+
+def test_equations_render_offline(site):
+    """Issue 33: every equation of the site is MathML when built (docs/hooks/mathml.py), so
+    it shows with no network and no JavaScript; no page loads a script from elsewhere (the
+    MathJax CDN was one) or a stylesheet other than the theme's text font."""
+    equations = 0
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        scripts = re.findall(r"<script\b[^>]*\bsrc=\"([^\"]*)\"", text)
+        assert not [s for s in scripts if re.match(r"(https?:)?//", s)], (page, scripts)
+        sheets = re.findall(r"<link\b[^>]*\bhref=\"((?:https?:)?//[^\"]*)\"", text)
+        assert all(s.startswith("https://fonts.g") for s in sheets), (page, sheets)
+        math = re.findall(r'class="arithmatex">(.{0,6})', text)
+        assert all(m.startswith("<math") for m in math), (page, math)  # no TeX left
+        equations += len(math)
+    assert equations > 1000  # pages and docstrings
+    hopfield = (site / "theory" / "hopfield" / "index.html").read_text()
+    assert '<math display="block">' in hopfield and "<mfrac>" in hopfield
+    assert "\U0001d53c" in (site / "api" / "models" / "index.html").read_text()  # \mathbb E
 
 
 def docstring_examples():
