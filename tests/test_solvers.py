@@ -136,6 +136,35 @@ def test_result_codes_and_raises(getkey):
         ea.fixed_point(log_map, jnp.zeros(3))
 
 
+def test_eager_calls_compile_once_and_traced_calls_are_not_compiled_apart():
+    # An eager entry point is one compiled program, reused by the next call with new values
+    # (no backend compilation); a map closing over a tracer of the caller's jit is traced
+    # into the caller's program and gives the same answer.
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: compiles.append(name) if "backend_compile" in name else None
+    )
+
+    def fp(y, x):
+        return jnp.tanh(0.5 * y + x)
+
+    def root(y, x):
+        return y**3 + y - x
+
+    def energy(y, x):
+        return jnp.sum((y - x) ** 2 + 0.1 * y**4)
+
+    x1, x2, z = jnp.array([0.3, -1.0]), jnp.array([0.7, 0.2]), jnp.zeros(2)
+    for entry, fn in ((ea.fixed_point, fp), (ea.root_find, root), (ea.minimise, energy)):
+        first = entry(fn, z, x1)
+        compiles.clear()
+        second = entry(fn, z, x2)
+        assert compiles == [], entry.__name__
+        assert second.converged and not np.allclose(first.value, second.value)
+        closed = jax.jit(lambda x, entry=entry, fn=fn: entry(lambda y, _: fn(y, x), z).value)
+        np.testing.assert_allclose(closed(x2), second.value, rtol=1e-12)
+
+
 def test_vmap_stops_per_example_and_is_independent_of_the_batch(getkey):
     A, _ = _linear_problem(getkey())
     bs = jr.normal(getkey(), (3, 6)) * jnp.array([[1e-3], [1.0], [1e3]])

@@ -16,8 +16,9 @@ differentiated inputs).
 """
 
 import abc
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -311,3 +312,51 @@ def split_aux(fn: Callable, has_aux: bool, entry: str) -> tuple[Callable, Callab
         return out
 
     return (lambda y, args: pair(y, args)[0]), (lambda y, args: pair(y, args)[1])
+
+
+Entry = TypeVar("Entry", bound=Callable[..., Solution])
+
+
+def compiled_when_eager(entry: Entry) -> Entry:
+    """Run the entry point `entry(fn, y0, args, **options)` as one `eqx.filter_jit`-compiled
+    program when it is called eagerly (no input traced), as it is otherwise.
+
+    Eagerly, the loop would be compiled anew at every call and the checks around it run op
+    by op; compiled, a second call with the same `fn` (and options, shapes and dtypes) reuses
+    the program, and a failed solve raises a clean `eqx.EquinoxRuntimeError` naming its
+    cause. Under an outer transformation (`jit`, `grad`, `vmap`: some input is a tracer,
+    possibly one that `fn` closes over) nothing is added, so the solve is traced once into
+    the caller's program instead of into a nested one under every transformation.
+    """
+    compiled = eqx.filter_jit(entry)
+
+    @functools.wraps(entry)
+    def run(fn: Any, y0: Any, args: Any = None, **options: Any) -> Solution:
+        if _eager(fn, y0, args, options):
+            # Python floats in args as arrays: inputs of the program, not constants of it
+            # (a new value would compile a new program).
+            args = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, args)
+            return compiled(fn, y0, args, **options)
+        return entry(fn, y0, args, **options)
+
+    return run  # type: ignore[return-value]
+
+
+def _eager(fn: Any, y0: Any, args: Any, options: dict[str, Any]) -> bool:
+    """Whether nothing the solve reads is a tracer (and every option can be hashed, as the
+    compiled program's cache needs), so it may be compiled on its own."""
+    leaves = jax.tree.leaves((fn, y0, args, options))
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return False
+    static = [x for x in leaves if not eqx.is_array(x)]
+    try:
+        hash(tuple(static))
+    except TypeError:
+        return False
+    # A tracer `fn` closes over (e.g. defined inside a jitted function) is not a leaf:
+    # tracing `fn` once finds it among the closure's constants.
+    try:
+        converted = eqx.filter_closure_convert(fn, y0, args)
+    except Exception:  # noqa: BLE001 - invalid input: the entry point's own checks say why
+        return False
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(converted))

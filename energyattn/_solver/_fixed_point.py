@@ -22,7 +22,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
-from ._adjoint import AbstractAdjoint, solve_problem, split_aux
+from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
 from ._iterate import AbstractIterativeSolver, AbstractProblem, FixedPointProblem, Flat, rms
 from ._solution import RESULTS, Solution
 
@@ -223,6 +223,7 @@ class Anderson(AbstractFixedPointSolver):
         return z_next, _History(zs, gs, gram, count)
 
 
+@compiled_when_eager
 def fixed_point(
     fn: Callable[[State, Any], State],
     y0: State,

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
-from ._adjoint import AbstractAdjoint, solve_problem, split_aux
+from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
     AbstractIterativeSolver,
@@ -136,6 +136,7 @@ class LBFGS(AbstractLineSearchSolver):
         return y, state.size, stats, {}
 
 
+@compiled_when_eager
 def minimise(
     energy: Callable[[State, Any], Float[Array, ""]],
     x0: State,

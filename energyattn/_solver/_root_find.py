@@ -12,7 +12,7 @@ from jaxtyping import Array, Bool, Float
 from .._checks import positive_int, python_float
 from .._custom_types import State
 from .._linalg import cholesky_solve, upper_cholesky
-from ._adjoint import AbstractAdjoint, solve_problem, split_aux
+from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
 from ._iterate import (
     AbstractIterativeSolver,
     AbstractProblem,
@@ -261,6 +261,7 @@ class Newton(AbstractLineSearchSolver):
         return value, state.size, stats, {"factor": factor, "cache": cache, "point": state.point}
 
 
+@compiled_when_eager
 def root_find(
     fn: Callable[[State, Any], State],
     y0: State,
