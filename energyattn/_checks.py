@@ -248,9 +248,13 @@ def python_float(name: str, value: Any, *, allow_zero: bool = False) -> float:
         raise ValueError(
             f"{name} must be a Python float (it is fixed at trace time), got {value!r}"
         )
+    if not np.issubdtype(concrete.dtype, np.number) or np.iscomplexobj(concrete):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
     ok = concrete >= 0 if allow_zero else concrete > 0
-    if not (np.isfinite(concrete) and ok):
+    if not ok:  # NaN included
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    if not np.isfinite(concrete):
+        raise ValueError(f"{name} must be finite, got {value!r}")
     return float(concrete)
 
 

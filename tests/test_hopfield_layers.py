@@ -417,8 +417,9 @@ def test_scaling_dropout_and_trainable_flags(user_mode):
     for h in range(2):
         np.testing.assert_allclose(got["association"][h], got["expected"][h], rtol=1e-12)
     grads = got["grads"]
-    assert not np.any(grads[0].scaling)  # a constant unless trainable_scaling
-    assert np.all(grads[1].scaling != 0)
+    # A fixed scaling is no leaf at all (static), a trainable one gets its gradient.
+    assert grads[0].trained_scaling is None and layer.fixed_scaling == (0.5, 2.0)
+    assert np.all(grads[1].trained_scaling != 0)
     assert not np.any(grads[2].pooling_weights)  # trainable=False
     assert np.any(grads[2].hopfield.query_proj.weight)
 

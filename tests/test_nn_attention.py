@@ -300,3 +300,55 @@ def test_hopfield_hyperparameters_are_checked(getkey, user_mode):
         ea.nn.HopfieldAttention(8, num_steps=-1, key=key)
     with pytest.raises(ValueError, match="scale must be > 0"):
         ea.nn.SoftmaxAttention(8, scale=-1.0, key=key)
+
+
+LAYERS_WITH_BETA = {
+    "HopfieldAttention": lambda key, **kw: ea.nn.HopfieldAttention(8, num_heads=2, key=key, **kw),
+    "EnergyTransformer": lambda key, **kw: ea.nn.EnergyTransformer(
+        8, num_heads=2, head_dim=4, num_memories=6, key=key, **kw
+    ),
+    "VectorSpinAttention": lambda key, **kw: ea.nn.VectorSpinAttention(4, 8, key=key, **kw),
+    "SpinTransformerAttention": lambda key, **kw: ea.nn.SpinTransformerAttention(
+        8, 2, key=key, **kw
+    ),
+    "AttentionSynapse": lambda key, **kw: ea.ham.AttentionSynapse(
+        8, num_heads=2, head_dim=4, key=key, **kw
+    ),
+    "HopfieldSynapse": lambda key, **kw: ea.ham.HopfieldSynapse(8, 6, key=key, **kw),
+}
+
+
+@pytest.mark.parametrize("name", LAYERS_WITH_BETA)
+def test_beta_is_fixed_or_trained_by_one_convention(name, getkey):
+    # Fixed (default): a static float, no leaf, so no gradient and no optimiser sees it;
+    # trainable_beta=True: a float array leaf. layer.beta reads the value either way.
+    make = LAYERS_WITH_BETA[name]
+    fixed = make(getkey(), beta=0.7)
+    assert fixed.beta == 0.7 and isinstance(fixed.beta, float) and fixed.trained_beta is None
+    assert all(eqx.is_array(leaf) for leaf in jax.tree.leaves(fixed))
+    learned = make(getkey(), beta=0.7, trainable_beta=True)
+    assert learned.fixed_beta is None and learned.trained_beta.shape == ()
+    assert any(leaf is learned.trained_beta for leaf in jax.tree.leaves(learned))
+    np.testing.assert_allclose(learned.beta, 0.7, rtol=1e-6)
+
+
+def test_unfiltered_optax_trains_beta_only_when_asked(data, getkey):
+    # The audit's case: optax.adamw over the whole module (not filtered) and jax.grad over
+    # the whole module. A fixed beta is not among the leaves, so weight decay cannot touch it.
+    x, context, _ = data
+    key = getkey()
+    layers = [
+        ea.nn.HopfieldAttention(12, 10, num_heads=2, key=key),
+        ea.nn.HopfieldAttention(12, 10, num_heads=2, trainable_beta=True, key=key),
+    ]
+    optimiser = optax.adamw(1e-2, weight_decay=0.5)
+
+    @jax.jit
+    def step(layer):
+        grads = jax.grad(lambda m: jnp.sum(m(x, context) ** 2))(layer)
+        updates, _ = optimiser.update(grads, optimiser.init(layer), layer)
+        return optax.apply_updates(layer, updates), grads
+
+    (fixed, fixed_grads), (learned, learned_grads) = (step(m) for m in layers)
+    assert fixed.beta == layers[0].beta and fixed_grads.trained_beta is None
+    assert learned_grads.trained_beta != 0 and learned.beta != layers[1].beta

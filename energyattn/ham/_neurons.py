@@ -10,7 +10,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_positive, default_dtype, shape_str
+from .._checks import default_dtype, python_float, shape_str
 from .._custom_types import Scalar
 from .._energy import legendre_energy
 
@@ -66,7 +66,7 @@ class Neurons(eqx.Module):
             raise ValueError(f"shape must be a tuple of positive ints, got {shape!r}")
         self.lagrangian = lagrangian
         self.shape = tuple(int(n) for n in shape)
-        self.tau = float(check_positive("tau", tau))
+        self.tau = python_float("tau", tau)
         self.legendre = bool(legendre)
 
     def check(self, name: str, x: Any) -> None:

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_positive, default_dtype, positive_int
+from .._checks import default_dtype, positive_int
 from .._custom_types import Scalar
 from .._energy import transformer_attention_energy, transformer_memory_energy
+from .._hyperparameters import hyperparameter, hyperparameter_fields
 
 
 def _sizes(shape: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -145,7 +146,9 @@ class AttentionSynapse(eqx.Module):
     **Arguments:**
 
     - `dim`, `num_heads`, `head_dim`: token size, heads and head size.
-    - `beta`: inverse temperature (default $1/\sqrt{\text{head\_dim}}$).
+    - `beta`: inverse temperature (default $1/\sqrt{\text{head\_dim}}$);
+      `trainable_beta`: learn it (default `False`; see
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `include_self`: let each token attend to itself.
     - `dtype`, `key`: $W^Q, W^K \sim \mathcal N(0, 1/\text{dim})$.
 
@@ -156,7 +159,8 @@ class AttentionSynapse(eqx.Module):
 
     w_query: Float[Array, "heads head_dim dim"]
     w_key: Float[Array, "heads head_dim dim"]
-    beta: float
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
     include_self: bool = eqx.field(static=True)
 
     def __init__(
@@ -166,6 +170,7 @@ class AttentionSynapse(eqx.Module):
         num_heads: int,
         head_dim: int,
         beta: float | None = None,
+        trainable_beta: bool = False,
         include_self: bool = False,
         dtype: Any = None,
         key: PRNGKeyArray,
@@ -178,8 +183,15 @@ class AttentionSynapse(eqx.Module):
         kq, kk = jr.split(key)
         self.w_query = jr.normal(kq, (num_heads, head_dim, dim), dtype) / jnp.sqrt(dim)
         self.w_key = jr.normal(kk, (num_heads, head_dim, dim), dtype) / jnp.sqrt(dim)
-        self.beta = float(check_positive("beta", head_dim**-0.5 if beta is None else beta))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", head_dim**-0.5 if beta is None else beta, trainable_beta, dtype
+        )
         self.include_self = bool(include_self)
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The inverse temperature: a float, or an array leaf when trainable."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     def __call__(self, g: Float[Array, "seq dim"]) -> Scalar:
         return transformer_attention_energy(
@@ -203,7 +215,8 @@ class HopfieldSynapse(eqx.Module):
 
     - `dim`: the size of each token; `num_memories`: the number of stored patterns.
     - `kind`: `"relu"` (default) or `"softmax"`; `beta`: the softmax form's inverse
-      temperature.
+      temperature; `trainable_beta`: learn it (default `False`; see
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `dtype`, `key`: $\xi \sim \mathcal N(0, 1/\text{dim})$.
 
     ??? cite "Source"
@@ -213,7 +226,8 @@ class HopfieldSynapse(eqx.Module):
     """
 
     memories: Float[Array, "mem dim"]
-    beta: float
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
     kind: str = eqx.field(static=True)
 
     def __init__(
@@ -223,6 +237,7 @@ class HopfieldSynapse(eqx.Module):
         *,
         kind: Literal["relu", "softmax"] = "relu",
         beta: float = 1.0,
+        trainable_beta: bool = False,
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
@@ -231,7 +246,14 @@ class HopfieldSynapse(eqx.Module):
             raise ValueError(f"kind must be 'relu' or 'softmax', got {kind!r}")
         self.memories = jr.normal(key, (num_memories, dim), default_dtype(dtype)) / jnp.sqrt(dim)
         self.kind = kind
-        self.beta = float(check_positive("beta", beta))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", beta, trainable_beta, dtype
+        )
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The softmax form's inverse temperature (as `AttentionSynapse.beta`)."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     def __call__(self, g: Float[Array, "*seq dim"]) -> Scalar:
         tokens = jnp.atleast_2d(g)

@@ -11,10 +11,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 from .._checks import (
     check_finite,
     check_mask,
-    check_positive,
     check_shape,
     default_dtype,
     positive_int,
+    python_float,
 )
 from .._custom_types import Scalar
 from .._energy import (
@@ -26,6 +26,7 @@ from .._energy import (
     transformer_attention_energy,
     transformer_memory_energy,
 )
+from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Solution, descend, trajectory_flag
 
 
@@ -58,7 +59,7 @@ class EnergyLayerNorm(eqx.Module):
 
     gamma: Float[Array, ""]
     delta: Float[Array, " dim"] | None
-    eps: float
+    eps: float = eqx.field(static=True)
     dim: int = eqx.field(static=True)
 
     def __init__(
@@ -72,7 +73,7 @@ class EnergyLayerNorm(eqx.Module):
     ):
         dtype = default_dtype(dtype)
         self.dim = positive_int("dim", dim)
-        self.eps = float(check_positive("eps", eps))
+        self.eps = python_float("eps", eps)
         self.gamma = jnp.asarray(gamma, dtype)
         self.delta = jnp.zeros(self.dim, dtype) if use_bias else None
 
@@ -119,11 +120,13 @@ class EnergyTransformer(eqx.Module):
     - `dim`: token dimension $D$.
     - `num_heads`: $H$; `head_dim`: $Y$; `num_memories`: $M$ (rows of $\xi$).
     - `beta`: attention inverse temperature (default $1/\sqrt{Y}$).
+    - `trainable_beta`: learn $\beta$ and `memory_beta` (default `False`: fixed
+      hyperparameters; see [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `include_self`: let each token attend to itself too (the released ImageNet weights were
       trained with it).
     - `memory`: `"relu"` (rectified quadratic, default) or `"softmax"` memory energy;
       `memory_beta` is the softmax form's inverse temperature.
-    - `step_size`: $\alpha$ (default 0.1); `num_steps`: $T$ (default 12).
+    - `step_size`: $\alpha$ (default 0.1; fixed); `num_steps`: $T$ (default 12).
     - `eps`, `use_bias`: of the [`EnergyLayerNorm`][energyattn.nn.EnergyLayerNorm].
     - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"`
       (blockwise above $2^{17}$ score entries, heads x seq x seq), `"naive"` or `"blockwise"`;
@@ -141,9 +144,11 @@ class EnergyTransformer(eqx.Module):
     w_key: Float[Array, "heads head_dim dim"]
     memories: Float[Array, "mem dim"]
     layer_norm: EnergyLayerNorm
-    beta: float
-    memory_beta: float
-    step_size: float
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
+    fixed_memory_beta: float | None = eqx.field(static=True)
+    trained_memory_beta: Float[Array, ""] | None
+    step_size: float = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
     include_self: bool = eqx.field(static=True)
     memory: str = eqx.field(static=True)
@@ -157,6 +162,7 @@ class EnergyTransformer(eqx.Module):
         head_dim: int,
         num_memories: int,
         beta: float | None = None,
+        trainable_beta: bool = False,
         include_self: bool = False,
         memory: Literal["relu", "softmax"] = "relu",
         memory_beta: float = 1.0,
@@ -187,9 +193,13 @@ class EnergyTransformer(eqx.Module):
         self.w_key = scale * jr.normal(kk, (num_heads, head_dim, dim), dtype)
         self.memories = scale * jr.normal(km, (num_memories, dim), dtype)
         self.layer_norm = EnergyLayerNorm(dim, use_bias=use_bias, eps=eps, dtype=dtype)
-        self.beta = float(check_positive("beta", head_dim**-0.5 if beta is None else beta))
-        self.memory_beta = float(check_positive("memory_beta", memory_beta))
-        self.step_size = float(check_positive("step_size", step_size))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", head_dim**-0.5 if beta is None else beta, trainable_beta, dtype
+        )
+        self.fixed_memory_beta, self.trained_memory_beta = hyperparameter_fields(
+            "memory_beta", memory_beta, trainable_beta, dtype
+        )
+        self.step_size = python_float("step_size", step_size)
         self.num_steps = positive_int("num_steps", num_steps, minimum=0)
         self.include_self = bool(include_self)
         self.memory = memory
@@ -198,6 +208,16 @@ class EnergyTransformer(eqx.Module):
     @property
     def dim(self) -> int:
         return self.w_query.shape[-1]
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The attention's inverse temperature: a float, or an array leaf when trainable."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
+
+    @property
+    def memory_beta(self) -> float | Float[Array, ""]:
+        """The softmax memory's inverse temperature (as `beta`)."""
+        return hyperparameter("memory_beta", self.fixed_memory_beta, self.trained_memory_beta)
 
     def as_energy(self) -> SumEnergy:
         """The energy $E(g)$ as a composable [`SumEnergy`][energyattn.SumEnergy] with terms

@@ -8,10 +8,18 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import check_positive, default_dtype, error_if_nonfinite, positive_int
+from .._checks import default_dtype, error_if_nonfinite, positive_int, python_float
 from .._energy import HopfieldEnergy, Implementation, check_implementation, select_implementation
+from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Solution, descend
-from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims, split_heads
+from ._common import (
+    linear,
+    merge_heads,
+    prepare_inputs,
+    project,
+    resolve_dims,
+    split_heads,
+)
 
 
 class HopfieldAttention(eqx.Module):
@@ -36,7 +44,9 @@ class HopfieldAttention(eqx.Module):
     - `query_dim`, `context_dim`, `num_heads`, `head_dim`, `bare`, `dtype`, `key`: as in
       [`SoftmaxAttention`][energyattn.nn.SoftmaxAttention].
     - `beta`: inverse temperature (default $1/\sqrt{\text{head\_dim}}$).
-    - `step_size`: descent step $\alpha > 0$ (default 1).
+    - `trainable_beta`: learn $\beta$ (default `False`: a fixed hyperparameter; see
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
+    - `step_size`: descent step $\alpha > 0$ (default 1; fixed).
     - `num_steps`: number of descent steps (default 1).
     - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; blockwise
       above $2^{17}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
@@ -55,8 +65,9 @@ class HopfieldAttention(eqx.Module):
     query_proj: eqx.nn.Linear | None
     key_proj: eqx.nn.Linear | None
     output_proj: eqx.nn.Linear | None
-    beta: float
-    step_size: float
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
+    step_size: float = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
     query_dim: int = eqx.field(static=True)
     context_dim: int = eqx.field(static=True)
@@ -74,6 +85,7 @@ class HopfieldAttention(eqx.Module):
         num_heads: int = 1,
         head_dim: int | None = None,
         beta: float | None = None,
+        trainable_beta: bool = False,
         step_size: float = 1.0,
         num_steps: int = 1,
         bare: bool = False,
@@ -85,8 +97,10 @@ class HopfieldAttention(eqx.Module):
         dims = resolve_dims(query_dim, context_dim, num_heads, head_dim, bare)
         self.query_dim, self.context_dim, self.num_heads, self.head_dim = dims
         self.bare = bare
-        self.beta = float(check_positive("beta", self.head_dim**-0.5 if beta is None else beta))
-        self.step_size = float(check_positive("step_size", step_size))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", self.head_dim**-0.5 if beta is None else beta, trainable_beta, dtype
+        )
+        self.step_size = python_float("step_size", step_size)
         self.num_steps = positive_int("num_steps", num_steps, minimum=0)
         self.implementation = check_implementation(implementation)
         self.block_size = None if block_size is None else positive_int("block_size", block_size)
@@ -99,6 +113,11 @@ class HopfieldAttention(eqx.Module):
             self.query_proj = linear(self.query_dim, inner, use_bias=False, dtype=dtype, key=kq)
             self.key_proj = linear(self.context_dim, inner, use_bias=False, dtype=dtype, key=kk)
             self.output_proj = linear(inner, self.query_dim, use_bias=True, dtype=dtype, key=ko)
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The inverse temperature $\beta$: a float, or an array leaf when trainable."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     @overload
     def __call__(

@@ -33,6 +33,7 @@ from .._checks import (
     check_finite,
     check_mask,
     check_shape,
+    check_values,
     concrete_value,
     default_dtype,
     positive_int,
@@ -216,7 +217,8 @@ class Hopfield(eqx.Module):
     - `scaling`: the inverse temperature $\beta$, a float or one per head; default
       $1/\sqrt{\text{hidden\_size}}$.
     - `trainable_scaling`: learn $\beta$ (default `False`, as hopfield-layers, whose scaling is
-      a constant); when `False` it receives no gradient.
+      a constant): fixed, it is no leaf of the layer, by
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained) of `ea.nn`.
     - `update_steps_max`: the most state updates $T$ after the initial retrieval (0 =
       one-step attention, `None` = until converged), an int or one per head.
     - `update_steps_eps`: the early-stopping threshold on $\lVert A^{(t)} - A^{(t-1)}\rVert_F$,
@@ -269,7 +271,8 @@ class Hopfield(eqx.Module):
     bias_key: Float[Array, " inner"] | None
     bias_value: Float[Array, " inner_values"] | None
     out_proj: eqx.nn.Linear | None
-    scaling: Float[Array, " heads"]
+    fixed_scaling: tuple[float, ...] | None = eqx.field(static=True)
+    trained_scaling: Float[Array, " heads"] | None
     dropout: eqx.nn.Dropout
     input_size: int = eqx.field(static=True)
     stored_pattern_size: int = eqx.field(static=True)
@@ -280,7 +283,7 @@ class Hopfield(eqx.Module):
     num_heads: int = eqx.field(static=True)
     update_steps_max: tuple[int | None, ...] = eqx.field(static=True)
     update_steps_eps: tuple[float, ...] = eqx.field(static=True)
-    trainable_scaling: bool = eqx.field(static=True)
+    dtype: str = eqx.field(static=True)
     pattern_projection_as_connected: bool = eqx.field(static=True)
     add_zero_association: bool = eqx.field(static=True)
     association_activation: Callable | None = eqx.field(static=True)
@@ -406,8 +409,11 @@ class Hopfield(eqx.Module):
         betas = _per_head("scaling", default_beta if scaling is None else scaling, heads, float)
         if not all(b > 0 and math.isfinite(b) for b in betas):
             raise ValueError(f"scaling must be finite and > 0, got {scaling!r}")
-        self.scaling = jnp.asarray(betas, dtype)
-        self.trainable_scaling = bool(trainable_scaling)
+        self.dtype = np.dtype(dtype).name
+        if trainable_scaling:
+            self.fixed_scaling, self.trained_scaling = None, jnp.asarray(betas, dtype)
+        else:
+            self.fixed_scaling, self.trained_scaling = tuple(betas), None
         self.pattern_projection_as_connected = bool(pattern_projection_as_connected)
         self.add_zero_association = bool(add_zero_association)
         self.association_activation = _activation(association_activation)
@@ -575,8 +581,18 @@ class Hopfield(eqx.Module):
             v = jnp.concatenate([v, *appended_v], axis=1)
         return q, k, v
 
-    def _beta(self) -> Float[Array, " heads"]:
-        return self.scaling if self.trainable_scaling else jax.lax.stop_gradient(self.scaling)
+    @property
+    def trainable_scaling(self) -> bool:
+        return self.trained_scaling is not None
+
+    @property
+    def scaling(self) -> Float[Array, " heads"]:
+        """$\beta$ of each head (a leaf of the layer only with `trainable_scaling`)."""
+        if self.trained_scaling is None:
+            return jnp.asarray(self.fixed_scaling, self.dtype)
+        return check_values(
+            "scaling", self.trained_scaling, lambda b: (b > 0) & (b < np.inf), "finite and > 0"
+        )
 
     def _retrieve(
         self,
@@ -585,7 +601,7 @@ class Hopfield(eqx.Module):
         allowed: Bool[Array, "seq mem"] | None,
     ) -> tuple[Float[Array, "heads seq mem"], Int[Array, " heads"]]:
         """Every head's final association matrix and its number of updates."""
-        beta = self._beta()
+        beta = self.scaling
         limits = jnp.asarray([-1 if m is None else m for m in self.update_steps_max])
         eps = jnp.asarray(self.update_steps_eps, q.dtype)
         unlimited = self.update_steps_max[0] is None
@@ -721,7 +737,7 @@ class Hopfield(eqx.Module):
         num_steps=T)` makes the layer's $T$ updates; `ea.minimise` finds the fixed point.
         """
         q, k, _, allowed = self._prepare(input, stored_pattern_padding_mask, association_mask, mask)
-        return HopfieldHeadsEnergy(k, self._beta(), allowed), q
+        return HopfieldHeadsEnergy(k, self.scaling, allowed), q
 
     # ------------------------------------------------------------------ PyTorch weights
 
@@ -794,7 +810,7 @@ class HopfieldPooling(eqx.Module):
         self.hopfield = Hopfield(input_size, *args, key=kh, **kwargs)
         size = self.hopfield.hidden_size if self.hopfield.query_proj is None else input_size
         quantity = positive_int("quantity", quantity)
-        self.pooling_weights = _normal(kp, (quantity, size), self.hopfield.scaling.dtype)
+        self.pooling_weights = _normal(kp, (quantity, size), self.hopfield.dtype)
         self.trainable = bool(trainable)
 
     def _input(self, input: Any) -> tuple[Array, Array, Array]:
@@ -897,7 +913,7 @@ class HopfieldLayer(eqx.Module):
         self.hopfield = hop = Hopfield(input_size, *args, key=kh, **kwargs)
         quantity = positive_int("quantity", quantity)
         size = hop.hidden_size if hop.key_proj is None else hop.stored_pattern_size
-        dtype = hop.scaling.dtype
+        dtype = hop.dtype
         self.lookup_weights = _normal(kl, (quantity, size), dtype)
         self.target_weights = None
         if lookup_weights_as_separated:

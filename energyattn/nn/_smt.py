@@ -12,12 +12,12 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 from .._checks import (
     check_finite,
     check_mask,
-    check_positive,
     check_shape,
     default_dtype,
     positive_int,
 )
 from .._custom_types import ScalarLike
+from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import AbstractAdjoint, AbstractIterativeSolver, Solution
 from ..spin import smt_steady_state
 from ._common import linear
@@ -46,6 +46,8 @@ class SpinTransformerAttention(eqx.Module):
     - `num_heads`: number of heads; `dim / num_heads` must be an integer of at least 3 (so
       that $R > 0$).
     - `beta`: inverse temperature $\beta$ (default 1).
+    - `trainable_beta`: learn $\beta$ (default `False`: a fixed hyperparameter; see
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `scale_couplings`: divide $q_h k_h^\top$ by $\sqrt d$ before the softmax (default
       `False`, as the reference).
     - `solver`, `adjoint`, `max_steps`, `throw`: passed to
@@ -73,7 +75,8 @@ class SpinTransformerAttention(eqx.Module):
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
     head_dim: int = eqx.field(static=True)
-    beta: float = eqx.field(static=True)
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
     scale_couplings: bool = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
@@ -84,6 +87,7 @@ class SpinTransformerAttention(eqx.Module):
         num_heads: int,
         *,
         beta: ScalarLike = 1.0,
+        trainable_beta: bool = False,
         scale_couplings: bool = False,
         solver: AbstractIterativeSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
@@ -102,7 +106,9 @@ class SpinTransformerAttention(eqx.Module):
                 f"the head dimension dim / num_heads must be at least 3 (the radius "
                 f"sqrt(head_dim / 2 - 1) must be positive), got {self.head_dim}"
             )
-        self.beta = float(check_positive("beta", beta))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", beta, trainable_beta, dtype
+        )
         self.scale_couplings = bool(scale_couplings)
         self.solver = solver
         self.adjoint = adjoint
@@ -153,6 +159,11 @@ class SpinTransformerAttention(eqx.Module):
             mask = check_mask(mask, (tokens, tokens), "tokens tokens")
             scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
         return jax.nn.softmax(scores, axis=-1)
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The inverse temperature $\\beta$: a float, or an array leaf when trainable."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     @overload
     def __call__(

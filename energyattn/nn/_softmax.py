@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import default_dtype
+from .._checks import default_dtype, python_float
 from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims, split_heads
 
 
@@ -59,7 +59,7 @@ class SoftmaxAttention(eqx.Module):
     key_proj: eqx.nn.Linear | None
     value_proj: eqx.nn.Linear | None
     output_proj: eqx.nn.Linear | None
-    scale: float
+    scale: float = eqx.field(static=True)
     query_dim: int = eqx.field(static=True)
     context_dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
@@ -81,9 +81,7 @@ class SoftmaxAttention(eqx.Module):
         dims = resolve_dims(query_dim, context_dim, num_heads, head_dim, bare)
         self.query_dim, self.context_dim, self.num_heads, self.head_dim = dims
         self.bare = bare
-        self.scale = float(self.head_dim**-0.5 if scale is None else scale)
-        if not self.scale > 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
+        self.scale = python_float("scale", self.head_dim**-0.5 if scale is None else scale)
         if bare:
             self.query_proj = self.key_proj = self.value_proj = self.output_proj = None
         else:

@@ -9,9 +9,10 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_positive, check_shape, default_dtype, positive_int
+from .._checks import check_finite, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
 from .._energy import Mode, check_mode, input_couplings, symmetric_couplings
+from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Newton, Solution
 from ..spin import magnetizations
 from ._common import linear
@@ -42,7 +43,9 @@ class VectorSpinAttention(eqx.Module):
     - `num_spins`: the number of spins $N$ (the sequence length; with input-dependent
       couplings any length works).
     - `dim`: the feature size $D$ of each input.
-    - `beta`: inverse temperature $\beta > 0$ (default 1; not trained).
+    - `beta`: inverse temperature $\beta > 0$ (default 1).
+    - `trainable_beta`: learn $\beta$ (default `False`: a fixed hyperparameter; see
+      [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `input_dependent`: use the couplings $J(H)$ (parameters $W_q$, $W_k$) instead of a
       coupling matrix.
     - `mode`: `"vector"` (default; one auxiliary $t_i$ per spin) or `"scalar"`.
@@ -67,7 +70,8 @@ class VectorSpinAttention(eqx.Module):
     J_raw: Float[Array, "spins spins"] | None
     query_proj: eqx.nn.Linear | None
     key_proj: eqx.nn.Linear | None
-    beta: float
+    fixed_beta: float | None = eqx.field(static=True)
+    trained_beta: Float[Array, ""] | None
     num_spins: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
     solver: Newton
@@ -81,6 +85,7 @@ class VectorSpinAttention(eqx.Module):
         dim: int,
         beta: ScalarLike = 1.0,
         *,
+        trainable_beta: bool = False,
         input_dependent: bool = False,
         mode: Mode = "vector",
         solver: Newton | None = None,
@@ -91,7 +96,9 @@ class VectorSpinAttention(eqx.Module):
     ):
         self.num_spins = positive_int("num_spins", num_spins)
         self.dim = positive_int("dim", dim)
-        self.beta = float(check_positive("beta", beta))
+        self.fixed_beta, self.trained_beta = hyperparameter_fields(
+            "beta", beta, trainable_beta, dtype
+        )
         self.mode = check_mode(mode)
         self.solver = Newton() if solver is None else solver
         if not isinstance(self.solver, Newton):
@@ -119,6 +126,11 @@ class VectorSpinAttention(eqx.Module):
     def fields(self, x: Float[ArrayLike, "spins dim"]) -> Float[Array, "spins dim"]:
         """The external fields $H = \\mathrm{LayerNorm}(x)/\\sqrt{D}$ of the inputs."""
         return jax.vmap(self.norm)(jnp.asarray(x)) / np.sqrt(self.dim)
+
+    @property
+    def beta(self) -> float | Float[Array, ""]:
+        """The inverse temperature $\\beta$: a float, or an array leaf when trainable."""
+        return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     @overload
     def __call__(
