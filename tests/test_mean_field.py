@@ -1,5 +1,6 @@
 """Deep implicit attention: mean-field maps, `MeanFieldAttention`, the DIA reference fixtures."""
 
+import re
 from pathlib import Path
 
 import equinox as eqx
@@ -423,3 +424,15 @@ def test_one_naive_mean_field_step_is_a_transformer_block(getkey):
     # The deep, implicit version of the same block solves z = J(X) z + FF(z) + X.
     if sol.converged:
         np.testing.assert_allclose(sol.value, mapped, atol=1e-9)
+
+
+def test_tap_hessian_makes_no_batched_lapack_call(getkey):
+    # jax.jit(jax.hessian) of the TAP layer hung on 2 cores with jaxlib 0.10 (README, "Known
+    # issues"): its batched LAPACK calls each blocked one of the intra-op pool's threads. The
+    # layer's dense algebra goes through energyattn._linalg, whose batches are loops of
+    # unbatched calls; this checks that the compiled program has no batched LAPACK call left.
+    layer = ea.nn.MeanFieldAttention(3, 2, variant="tap", key=getkey())
+    x = jr.normal(getkey(), (3, 2))
+    text = jax.jit(jax.hessian(lambda x: jnp.sum(layer(x) ** 2))).lower(x).as_text()
+    calls = re.findall(r'@(lapack_\w+)\(.*?num_batch_dims = "(\d+)"', text)
+    assert calls and all(batch == "0" for _, batch in calls), sorted(set(calls))

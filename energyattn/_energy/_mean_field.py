@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_shape
+from .._linalg import inverse, solve
 from ._base import AbstractEnergy
 
 Couplings = Float[Array, "spins spins dim dim"]
@@ -228,7 +229,7 @@ def tap_spin_means(
     check_shape("V", V, "spins dim dim", spins=n, dim=d)
     inv_var = _prior(prior_inv_var, n, d, m.dtype)
     cavity_mean = apply_couplings(J, m) - jnp.einsum("iab,ib->ia", V, m)
-    return jnp.linalg.solve(inv_var - V, (cavity_mean + x)[..., None])[..., 0]
+    return jax.vmap(solve)(inv_var - V, cavity_mean + x)
 
 
 def tap_cavity_variances(
@@ -269,17 +270,18 @@ def tap_cavity_variances(
     n, _, d, _ = J.shape
     check_shape("V", V, "spins dim dim", spins=n, dim=d)
     inv_var = _prior(prior_inv_var, n, d, V.dtype)
-    spin_var = jnp.linalg.inv(inv_var - V)
+    # LAPACK through _linalg (no batched calls: see `solve`).
+    spin_var = inverse(inv_var - V)
     eye_n = jnp.eye(n, dtype=V.dtype)
     # Rows and columns ordered (site, component): index i * d + a.
     coupled = jnp.einsum("iab,ikbc->iakc", spin_var, J)
     local = jnp.einsum("ik,iab,ibc->iakc", eye_n, spin_var, V)
     lhs = jnp.eye(n * d, dtype=V.dtype) - (coupled - local).reshape(n * d, n * d)
     rhs = jnp.einsum("ik,iab->iakb", eye_n, spin_var).reshape(n * d, n * d)
-    chi = jnp.linalg.solve(lhs, rhs).reshape(n, d, n, d)
+    chi = solve(lhs, rhs).reshape(n, d, n, d)
     chi_diag = jnp.einsum("iaib->iab", chi)
-    lam = V + jnp.linalg.inv(spin_var)
-    return lam - jnp.linalg.inv(chi_diag)
+    lam = V + inverse(spin_var)
+    return lam - inverse(chi_diag)
 
 
 def tap_mean_field(
