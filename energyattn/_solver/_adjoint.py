@@ -84,7 +84,11 @@ class ImplicitAdjoint(AbstractAdjoint):
     (e.g. $(I - \partial f/\partial y)^\top v = g$ for a fixed point) and with which
     linear solver, e.g. "implicit differentiation failed in the backward pass (reverse
     mode, e.g. jax.grad): the implicit adjoint's linear solve of (I - ∂f/∂y)ᵀ v = g with
-    ea.GMRES did not converge within max_steps=1 matrix-vector products ...".
+    ea.GMRES did not converge within max_steps=1 matrix-vector products ...". Compile the
+    step that differentiates with `eqx.filter_jit` to get it as a clean
+    `eqx.EquinoxRuntimeError`: a backward pass runs outside the solve's own call, so under
+    `jax.jit` or eager `jax.grad` JAX reports the same text inside a `JaxRuntimeError`
+    ("CpuCallback error").
 
     ??? cite "Source"
 
