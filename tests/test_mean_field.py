@@ -429,10 +429,19 @@ def test_one_naive_mean_field_step_is_a_transformer_block(getkey):
 def test_tap_hessian_makes_no_batched_lapack_call(getkey):
     # jax.jit(jax.hessian) of the TAP layer hung on 2 cores with jaxlib 0.10 (README, "Known
     # issues"): its batched LAPACK calls each blocked one of the intra-op pool's threads. The
-    # layer's dense algebra goes through energyattn._linalg, whose batches are loops of
-    # unbatched calls; this checks that the compiled program has no batched LAPACK call left.
-    layer = ea.nn.MeanFieldAttention(3, 2, variant="tap", key=getkey())
-    x = jr.normal(getkey(), (3, 2))
-    text = jax.jit(jax.hessian(lambda x: jnp.sum(layer(x) ** 2))).lower(x).as_text()
+    # TAP update's dense algebra goes through energyattn._linalg, whose batches are loops of
+    # unbatched calls; this checks that the Hessian of one update (where the layer's LAPACK
+    # calls come from) holds no batched LAPACK call.
+    n, d = 3, 2
+    weights = 0.3 * jr.normal(getkey(), (n, n, d, d))
+    J = ea.vector_couplings(weights, sym_internal=True, sym_sites=True)
+    x, m = jr.normal(getkey(), (n, d)), jr.normal(getkey(), (n, d))
+    V = 0.1 * jnp.broadcast_to(jnp.eye(d), (n, d, d))
+
+    def update(x):
+        m_next, V_next = ea.tap_mean_field((m, V), x, J)
+        return jnp.sum(m_next**2) + jnp.sum(V_next**2)
+
+    text = jax.jit(jax.hessian(update)).lower(x).as_text()
     calls = re.findall(r'@(lapack_\w+)\(.*?num_batch_dims = "(\d+)"', text)
     assert calls and all(batch == "0" for _, batch in calls), sorted(set(calls))

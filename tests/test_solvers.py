@@ -161,8 +161,8 @@ def test_eager_calls_compile_once_and_traced_calls_are_not_compiled_apart():
         second = entry(fn, z, x2)
         assert compiles == [], entry.__name__
         assert second.converged and not np.allclose(first.value, second.value)
-        closed = jax.jit(lambda x, entry=entry, fn=fn: entry(lambda y, _: fn(y, x), z).value)
-        np.testing.assert_allclose(closed(x2), second.value, rtol=1e-12)
+    closed = jax.jit(lambda x: ea.fixed_point(lambda y, _: fp(y, x), z).value)
+    np.testing.assert_allclose(closed(x2), ea.fixed_point(fp, z, x2).value, rtol=1e-12)
 
 
 def test_vmap_stops_per_example_and_is_independent_of_the_batch(getkey):
