@@ -17,6 +17,7 @@ differentiated inputs).
 
 import abc
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -357,10 +358,52 @@ def _eager(fn: Any, y0: Any, args: Any, options: dict[str, Any]) -> bool:
         hash(tuple(static))
     except TypeError:
         return False
-    # A tracer `fn` closes over (e.g. defined inside a jitted function) is not a leaf:
-    # tracing `fn` once finds it among the closure's constants.
-    try:
-        converted = eqx.filter_closure_convert(fn, y0, args)
-    except Exception:  # noqa: BLE001 - invalid input: the entry point's own checks say why
+    held = _holds_tracer(fn)
+    if held is None:
+        # A callable we cannot look into: trace it once; a tracer it holds is then among
+        # the closure's constants.
+        try:
+            converted = eqx.filter_closure_convert(fn, y0, args)
+        except Exception:  # noqa: BLE001 - invalid input: the entry point's checks say why
+            return False
+        held = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(converted))
+    return not held
+
+
+def _holds_tracer(fn: Any, depth: int = 0) -> bool | None:
+    """Whether `fn` holds a tracer that is not a pytree leaf of it (e.g. a function defined
+    inside a jitted one closes over the caller's tracers): in a function's closure cells and
+    defaults, a bound method's object, a `functools.partial`'s arguments, followed a few
+    functions deep. `None` for a callable of another kind (not an Equinox module, whose
+    leaves the caller checked). Were a tracer missed (in a global), the solve would still
+    be right: a nested jit closing over it."""
+    if isinstance(fn, eqx.Module):
         return False
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(converted))
+    if isinstance(fn, functools.partial):
+        held = [fn.func, *fn.args, *fn.keywords.values()]
+    elif inspect.ismethod(fn):
+        held = [fn.__func__, fn.__self__]
+    elif inspect.isfunction(fn):
+        held = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
+        held += list(fn.__defaults__ or ())
+    else:
+        return None
+    for item in held:
+        if (
+            inspect.isfunction(item)
+            or inspect.ismethod(item)
+            or isinstance(item, functools.partial)
+        ):
+            if depth < 3 and _holds_tracer(item, depth + 1):
+                return True
+        elif any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(item)):
+            return True
+    return False
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
