@@ -34,8 +34,8 @@ def solve(matrix: Float[Array, "n n"], b: Float[Array, "n ..."]) -> Float[Array,
     pool and block that pool's thread until the pieces finish; when a program runs as many
     batched LAPACK calls at once as the pool has threads, every thread waits and the process
     hangs (seen as `jax.jit(jax.hessian(...))` of `MeanFieldAttention(variant="tap")` on 2
-    cores; README, "Known issues"). One example per call never splits. JAX differentiates
-    and transposes the solve through `lax.custom_linear_solve`.
+    cores; README, "A known jaxlib hang on CPU"). One example per call never splits. JAX
+    differentiates and transposes the solve through `lax.custom_linear_solve`.
     """
     matvec = lambda x: matrix @ x  # noqa: E731
     return jax.lax.custom_linear_solve(

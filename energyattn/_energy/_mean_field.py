@@ -280,8 +280,9 @@ def tap_cavity_variances(
     rhs = jnp.einsum("ik,iab->iakb", eye_n, spin_var).reshape(n * d, n * d)
     chi = solve(lhs, rhs).reshape(n, d, n, d)
     chi_diag = jnp.einsum("iaib->iab", chi)
-    lam = V + inverse(spin_var)
-    return lam - inverse(chi_diag)
+    # Lambda_i = V_i + S_i^{-1} = Sigma_i^{-1}, since S_i = (Sigma_i^{-1} - V_i)^{-1}: no
+    # second inverse of S_i.
+    return inv_var - inverse(chi_diag)
 
 
 def tap_mean_field(
