@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
-from energyattn._energy._attention import _derivatives, _policy
+from energyattn._energy._attention import _derivatives, _logsumexp, _policy
 
 
 def assert_trees_close(a, b, rtol=1e-10, atol=1e-10):
@@ -44,6 +44,60 @@ def test_public_function_matches_a_numpy_reference(getkey):
         np.testing.assert_allclose(got[impl], expected, rtol=1e-12)
     # Excluding the diagonal without a mask equals the explicit mask.
     np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_causal_structure_equals_an_explicit_triangle(monkeypatch, getkey):
+    # `causal` (alone, and strictly with `exclude_self` under a mask that allows everything
+    # above the diagonal) equals the explicit triangle on the naive and blockwise paths:
+    # values, gradients, a JVP and a Hessian-vector product (forward over reverse). 13 keys
+    # in blocks of 4: several blocks, the last padded; row 0 is empty when strictly causal.
+    seq = 13
+    q, k, tq, tk = (jr.normal(getkey(), (seq, 3)) for _ in range(4))
+    tril = np.tril(np.ones((seq, seq), bool))
+    mask = np.ones((seq, seq), bool)
+    mask[:, 9] = mask[5] = False  # a column nobody attends to, a row attending to nothing
+    cases = {  # (mask, exclude_self) and the explicit triangle they amount to with causal
+        "causal": (None, False, tril),
+        "strict_masked": (mask, True, np.tril(tril, -1) & mask),
+    }
+    flags = []
+    select = _logsumexp.select_implementation
+    monkeypatch.setattr(
+        _logsumexp,
+        "select_implementation",
+        lambda *a, **kw: flags.append(kw["structured_mask"]) or select(*a, **kw),
+    )
+
+    def derivatives(mask, exclude_self, causal, impl):
+        def loss(q, k):
+            lse = ea.attention_logsumexp(
+                q, k, beta=0.8, mask=mask, exclude_self=exclude_self, causal=causal,
+                implementation=impl, block_size=4,
+            )  # fmt: skip
+            return jnp.sum(jnp.sin(lse)), lse
+
+        grad = lambda q, k: jax.grad(loss, (0, 1), has_aux=True)(q, k)[0]  # noqa: E731
+        (_, lse), tangent = jax.jvp(loss, (q, k), (tq, tk))
+        hvp = jax.jvp(grad, (q, k), (tq, tk))[1]
+        return lse, grad(q, k), tangent, hvp
+
+    @jax.jit
+    def run():
+        return {
+            name: {
+                "triangle": derivatives(triangle, False, False, "naive"),
+                **{impl: derivatives(m, ex, True, impl) for impl in ("naive", "blockwise")},
+            }
+            for name, (m, ex, triangle) in cases.items()
+        }
+
+    got = run()
+    assert flags and all(flags)  # causal alone counts as a mask: never cuDNN
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(got))
+    for paths in got.values():
+        for impl in ("naive", "blockwise"):
+            assert_trees_close(paths[impl], paths["triangle"])
+    assert float(got["strict_masked"]["blockwise"][0][0]) == 0.0  # nothing allowed: 0
 
 
 def test_hopfield_step_through_blockwise_is_softmax_attention(getkey):
@@ -194,6 +248,8 @@ def test_bad_arguments(user_mode):
     q = np.ones((4, 3))
     with pytest.raises(ValueError, match="exclude_self needs as many queries as keys"):
         ea.attention_logsumexp(q, np.ones((5, 3)), exclude_self=True)
+    with pytest.raises(ValueError, match="causal needs as many queries as keys, got 4 and 5"):
+        ea.attention_logsumexp(q, np.ones((5, 3)), causal=True)
     with pytest.raises(ValueError, match=r"keys must have shape \(mem, dim=3\), got \(5, 2\)"):
         ea.attention_logsumexp(q, np.ones((5, 2)))
     with pytest.raises(ValueError, match="block_size must be a positive integer"):

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import energyattn as ea
+from energyattn._energy._attention import _logsumexp
 
 SEQ, DIM = 16, 4
 
@@ -58,6 +59,37 @@ def test_jit_grad_of_hopfield_energy_on_sequence_split_inputs():
     got = grad(jax.device_put(q, split), jax.device_put(k, split))
     assert got[0].sharding.spec[0] == "seq"
     assert max_difference(got, grad(q, k)) < 1e-12
+
+
+def test_causal_attention_context_parallel(monkeypatch):
+    # `causal` and `exclude_self` on the ring of 8 devices (2 queries and keys each, in
+    # blocks of 3: padded): every block takes the triangle from its global positions. Values,
+    # gradients and a JVP equal one device's explicit triangle (and padding, and row 0 empty).
+    q, k, vq, vk, mask = inputs(jnp.float64)
+    rest = mask | ~np.tril(np.ones((SEQ, SEQ), bool))  # the triangle left to `causal`
+    rings = []
+    ring_lse = _logsumexp.ring_lse
+    monkeypatch.setattr(
+        _logsumexp, "ring_lse", lambda *a, **kw: rings.append(kw) or ring_lse(*a, **kw)
+    )
+
+    def derivatives(q, k, vq, vk, mask, causal, impl):
+        def loss(q, k):
+            lse = ea.attention_logsumexp(
+                q, k, mask=mask, exclude_self=True, causal=causal, implementation=impl,
+                block_size=3,
+            )  # fmt: skip
+            return jnp.sum(jnp.sin(lse)), lse
+
+        (_, lse), tangent = jax.jvp(loss, (q, k), (vq, vk))
+        return lse, jax.grad(loss, (0, 1), has_aux=True)(q, k)[0], tangent
+
+    got = ea.parallel.context_parallel(
+        lambda _, *args: derivatives(*args, True, "blockwise"), mesh_of(8)
+    )(None, q, k, vq, vk, rest)
+    expected = jax.jit(derivatives, static_argnums=(5, 6))(q, k, vq, vk, mask, False, "naive")
+    assert rings and all(kw["causal"] for kw in rings)  # really the ring
+    assert max_difference(got, expected) < 1e-12
 
 
 def layer_cases():

@@ -20,9 +20,9 @@ Both recompute the probabilities $p_{ij} = e^{\beta q_i\cdot k_j - \operatorname
 A chunk is all the keys on one device, or, in the ring (context-parallel) path, the keys of
 one device visiting another. It knows where it sits in the whole problem through
 `offsets = (row0, col0)`, the global index of its first query and first key (0, 0 on one
-device), which is all that the excluded diagonal needs; its mask is the `(seq, chunk)`
-slice of the rows' mask. Row terms accumulate over the chunks (`carry`); column terms are
-returned per chunk.
+device), which is all that the structural masks (`Structure`: the excluded diagonal, the
+causal triangle) need; its mask is the `(seq, chunk)` slice of the rows' mask. Row terms
+accumulate over the chunks (`carry`); column terms are returned per chunk.
 """
 
 from typing import NamedTuple
@@ -35,6 +35,28 @@ Factor = tuple[tuple[int, int], ...]
 #: (not arrays of the pass: the keys travel once in the ring, and beta q is formed per chunk).
 KEYS = -1
 SCALED_QUERIES = -2
+
+
+class Structure(NamedTuple):
+    r"""The masks given by the positions alone, never held as a `(seq, mem)` matrix: each
+    block computes its part from the global indices $i$ of its queries and $j$ of its keys.
+
+    - `exclude_self`: disallow $j = i$;
+    - `causal`: disallow $j > i$ (with `exclude_self`: allow only $j < i$).
+    """
+
+    exclude_self: bool = False
+    causal: bool = False
+
+    def allowed(self, rows, cols):
+        """Which pairs of the global query indices `rows` and key indices `cols` the structure
+        allows, `(len(rows), len(cols))` (or `None`: all of them)."""
+        rows, cols = rows[:, None], cols[None, :]
+        if self.causal:
+            return cols < rows if self.exclude_self else cols <= rows
+        if self.exclude_self:
+            return rows != cols
+        return None
 
 
 class Term(NamedTuple):
@@ -82,16 +104,16 @@ def _mask_blocks(mask, mem, block_size):
     return mask.reshape(mask.shape[0], num_blocks, block_size).transpose(1, 0, 2)
 
 
-def _block_allowed(seq, start, block_size, mem, mask_block, exclude_self, offsets):
+def _block_allowed(seq, start, block_size, mem, mask_block, structure, offsets):
     """Which entries of one `(seq, block_size)` block take part (or `None`: all of them)."""
     cols = start + jnp.arange(block_size)
     allowed = None
     if mem % block_size:  # the last block is padded with keys that must not count
         allowed = jnp.broadcast_to(cols[None, :] < mem, (seq, block_size))
-    if exclude_self:
-        row0, col0 = offsets
-        off_diagonal = (row0 + jnp.arange(seq))[:, None] != (col0 + cols)[None, :]
-        allowed = off_diagonal if allowed is None else allowed & off_diagonal
+    row0, col0 = offsets
+    structured = structure.allowed(row0 + jnp.arange(seq), col0 + cols)
+    if structured is not None:
+        allowed = structured if allowed is None else allowed & structured
     if mask_block is not None:
         allowed = mask_block if allowed is None else allowed & mask_block
     return allowed
@@ -123,7 +145,7 @@ def forward_init(q, acc):
     return (jnp.full((seq,), -jnp.inf, acc), jnp.zeros((seq,), acc), jnp.zeros((seq, dim), acc))
 
 
-def forward_chunk(q, k, beta, mask, exclude_self, block_size, carry, offsets=(0, 0)):
+def forward_chunk(q, k, beta, mask, structure, block_size, carry, offsets=(0, 0)):
     r"""The online pass over one chunk of keys: updates the running max, the rescaled sum of
     exponentials and the rescaled $\sum_j p_{ij} k_j$."""
     seq, mem = q.shape[0], k.shape[0]
@@ -135,7 +157,7 @@ def forward_chunk(q, k, beta, mask, exclude_self, block_size, carry, offsets=(0,
         run_max, total, out = carry
         k_b, mask_b, start = xs
         scores = scale * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, structure, offsets)
         if allowed is None:
             new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
         else:
@@ -174,9 +196,7 @@ def terms_init(seq, arrays, terms, acc, dim):
     return tuple(jnp.zeros((seq, widths[t.value]), acc) for t in terms if t.row)
 
 
-def terms_chunk(
-    q, k, beta, lse, mask, arrays, terms, exclude_self, block_size, carry, offsets=(0, 0)
-):
+def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, carry, offsets=(0, 0)):
     r"""The terms over one chunk of keys (see the module docstring), block by block.
 
     `arrays` maps an index to its array: a per-query array is whole, a per-key array holds the
@@ -204,7 +224,7 @@ def terms_chunk(
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, exclude_self, offsets)
+        allowed = _block_allowed(seq, start, block_size, mem, mask_b, structure, offsets)
         probs = _block_probs(scores, lse, allowed)
         # Products shared between terms are formed once per block.
         factors, weights = {}, {(): probs}

@@ -9,6 +9,7 @@ from ..._checks import check_mask, check_matching_dim, check_positive
 from ..._custom_types import ScalarLike
 from ..._sharding import axis_size, sequence_axis, split_rows
 from . import _policy
+from ._blocks import Structure
 from ._derivatives import attention_forward
 from ._naive import naive_lse
 from ._passes import Config
@@ -16,14 +17,14 @@ from ._policy import Implementation, block_sizes, resolve_block_size, select_imp
 from ._ring import RingAxis
 
 
-def _config(method, exclude_self, blocks, queries, keys, ring=None):
+def _config(method, structure, blocks, queries, keys, ring=None):
     # Blocks no longer than the keys of one pass (less padding, same result). Accelerators
     # want the heads batched (more parallel work per kernel); a CPU core wants one head's
     # blocks in its cache at a time, once they are large.
     forward, passes = (min(size, keys) for size in blocks)
     large = queries * forward >= _policy.HEADS_IN_TURN_ENTRIES
     heads_in_turn = jax.default_backend() == "cpu" and large
-    return Config(method, exclude_self, forward, passes, ring, heads_in_turn)
+    return Config(method, structure, forward, passes, ring, heads_in_turn)
 
 
 def lse_rows(
@@ -35,10 +36,14 @@ def lse_rows(
     method: str,
     block_size: int | None,
     ring: tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None = None,
+    *,
+    causal: bool = False,
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
     over heads by the energies). `beta` must already be in the accumulation dtype;
-    `block_size=None` picks the blocks by the number of queries (`block_sizes`).
+    `block_size=None` picks the blocks by the number of queries (`block_sizes`);
+    `exclude_self` and `causal` are the structural masks (`attention_logsumexp`), never
+    held as a `(seq, mem)` matrix on the blockwise and ring paths.
 
     With `ring = (mesh, axis)`, or when the sequences are split over a mesh axis (the keys'
     `Explicit` type, or an enclosing `ea.parallel.context_parallel`: `_sharding.sequence_axis`),
@@ -51,10 +56,11 @@ def lse_rows(
     # The default is set by all the queries, on the ring too: the same blocks as one device.
     blocks = block_sizes(q.shape[0], block_size)
     if ring is not None:
-        return ring_lse(q, k, beta, mask, exclude_self, blocks, *ring)
+        return ring_lse(q, k, beta, mask, exclude_self, blocks, *ring, causal=causal)
+    structure = Structure(bool(exclude_self), bool(causal))
     if method == "naive":
-        return naive_lse(q, k, beta, mask, exclude_self)
-    config = _config(method, exclude_self, blocks, q.shape[0], k.shape[0])
+        return naive_lse(q, k, beta, mask, structure)
+    config = _config(method, structure, blocks, q.shape[0], k.shape[0])
     return attention_forward(q, k, beta, mask, config)[0]
 
 
@@ -67,11 +73,15 @@ def ring_lse(
     blocks: tuple[int, int],
     mesh: Mesh | AbstractMesh,
     axis: str | tuple[str, ...],
+    *,
+    causal: bool = False,
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows context-parallel: queries, keys and the mask's rows split along
     the sequence over the mesh axis `axis`, key chunks passed round the ring. The same
     derivative rules as the blockwise path, each pass a `jax.shard_map` of its ring loop:
-    the same values and derivatives, in both modes and to any order, as one device."""
+    the same values and derivatives, in both modes and to any order, as one device. The
+    structural masks (`exclude_self`, `causal`) are computed per block from the global
+    positions of its queries and keys."""
     # Everything around the ring (the energy's other terms, the gradients' scalings) is
     # split along the sequence too.
     q, k = (
@@ -81,9 +91,8 @@ def ring_lse(
     mask = None if mask is None else split_rows(mask, mesh, axis, "mask's query")
     size = axis_size(mesh, axis)
     ring = RingAxis(mesh, axis, size)
-    config = _config(
-        "blockwise", exclude_self, blocks, q.shape[0] // size, k.shape[0] // size, ring
-    )
+    structure = Structure(bool(exclude_self), bool(causal))
+    config = _config("blockwise", structure, blocks, q.shape[0] // size, k.shape[0] // size, ring)
     return attention_forward(q, k, beta, mask, config)[0]
 
 
@@ -94,6 +103,7 @@ def attention_logsumexp(
     beta: ScalarLike = 1.0,
     mask: Bool[ArrayLike, "seq mem"] | None = None,
     exclude_self: bool = False,
+    causal: bool = False,
     implementation: Implementation = "auto",
     block_size: int | None = None,
 ) -> Float[Array, " seq"]:
@@ -102,6 +112,9 @@ def attention_logsumexp(
     $$\operatorname{lse}_i = \log \sum_{j:\,\mathrm{allowed}_{ij}} e^{\beta\, q_i\cdot k_j},
       \qquad \frac{\partial \operatorname{lse}_i}{\partial q_i}
       = \beta \sum_j \mathrm{softmax}_j(\beta\, q_i\cdot k_j)\, k_j$$
+
+    where $\mathrm{allowed}_{ij}$ holds when every constraint given holds: $\mathrm{mask}_{ij}$,
+    $j \neq i$ (`exclude_self`) and $j \le i$ (`causal`; both together: $j < i$).
 
     All implementations give the same values and derivatives (to rounding), in forward and
     reverse mode and to any order (`jax.grad`, `jax.jvp`, `jax.linearize`, `jax.hessian`,
@@ -129,6 +142,10 @@ def attention_logsumexp(
     - `mask`: optional boolean `(seq, mem)`, `True` where $q_i$ may attend to $k_j$.
     - `exclude_self`: also disallow $j = i$ (self-attention energies; needs `seq == mem`),
       without building a `(seq, seq)` mask.
+    - `causal`: also disallow $j > i$, so that query $i$ attends only to keys up to its own
+      position (needs `seq == mem`; with `exclude_self`, only to earlier keys). Like
+      `exclude_self` it is never built as a `(seq, seq)` mask on the blockwise path or the
+      ring: each block computes it from its positions, and any `mask` is applied on top.
     - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
       [`select_implementation`][energyattn.select_implementation].
       `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
@@ -150,8 +167,9 @@ def attention_logsumexp(
     check_matching_dim("query", query, "seq dim", "keys", keys, "mem dim")
     seq, dim = jnp.shape(query)
     mem = jnp.shape(keys)[0]
-    if exclude_self and seq != mem:
-        raise ValueError(f"exclude_self needs as many queries as keys, got {seq} and {mem}")
+    for name, structural in (("exclude_self", exclude_self), ("causal", causal)):
+        if structural and seq != mem:
+            raise ValueError(f"{name} needs as many queries as keys, got {seq} and {mem}")
     beta = check_positive("beta", beta)
     query, keys = jnp.asarray(query), jnp.asarray(keys)
     if mask is not None:
@@ -161,7 +179,7 @@ def attention_logsumexp(
         entries=seq * mem,
         dtype=jnp.result_type(query, keys),
         head_dim=dim,
-        structured_mask=mask is not None or exclude_self,
+        structured_mask=mask is not None or bool(exclude_self) or bool(causal),
     )
     acc = jnp.promote_types(jnp.result_type(query, keys), jnp.float32)
     return lse_rows(
@@ -172,4 +190,5 @@ def attention_logsumexp(
         bool(exclude_self),
         method,
         resolve_block_size(block_size),
+        causal=bool(causal),
     )

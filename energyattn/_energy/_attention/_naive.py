@@ -4,15 +4,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from ._blocks import Structure
+
 
 def allowed_matrix(
-    seq: int, mem: int, mask: Bool[Array, "seq mem"] | None, exclude_self: bool
+    seq: int, mem: int, mask: Bool[Array, "seq mem"] | None, structure: Structure
 ) -> Bool[Array, "seq mem"] | None:
-    """Which scores take part: the mask, without the diagonal when `exclude_self` (or `None`:
-    all of them)."""
-    allowed = None
-    if exclude_self:
-        allowed = ~jnp.eye(seq, mem, dtype=bool)
+    """Which scores take part: the mask and the `structure` (no diagonal, the causal
+    triangle) together (or `None`: all of them)."""
+    allowed = structure.allowed(jnp.arange(seq), jnp.arange(mem))
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     return allowed
@@ -46,7 +46,7 @@ def masked_logsumexp(
     return jnp.where(nonempty, lse, 0.0)
 
 
-def naive_lse(q, k, beta, mask, exclude_self):
+def naive_lse(q, k, beta, mask, structure: Structure):
     """The log-sum-exp rows from the whole score matrix."""
     scores = beta * jnp.einsum("sd,md->sm", q, k, preferred_element_type=beta.dtype)
-    return masked_logsumexp(scores, allowed_matrix(q.shape[0], k.shape[0], mask, exclude_self))
+    return masked_logsumexp(scores, allowed_matrix(q.shape[0], k.shape[0], mask, structure))

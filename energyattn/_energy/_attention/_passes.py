@@ -14,6 +14,7 @@ from . import _cudnn
 from ._blocks import (
     KEYS,
     SCALED_QUERIES,
+    Structure,
     Term,
     forward_chunk,
     forward_finish,
@@ -26,11 +27,12 @@ from ._ring import RingAxis, ring_forward, ring_terms
 
 class Config(NamedTuple):
     """The static configuration of one log-sum-exp: `method` (`"blockwise"` or `"cudnn"`),
-    the excluded diagonal, keys per block of the forward pass and of the derivatives'
-    passes, the ring (or `None`), and whether a vmap over heads runs head by head."""
+    the structural masks (`Structure`: the excluded diagonal, the causal triangle), keys per
+    block of the forward pass and of the derivatives' passes, the ring (or `None`), and
+    whether a vmap over heads runs head by head."""
 
     method: str
-    exclude_self: bool
+    structure: Structure
     block_size: int
     pass_block_size: int
     ring: RingAxis | None
@@ -67,11 +69,11 @@ def _in_turn(fn, *args):
 def run_forward(q, k, beta, mask, config: Config):
     """The log-sum-exp rows and the attention output $\\sum_j p_{ij} k_j$."""
     if config.ring is not None:
-        return ring_forward(config.ring, q, k, beta, mask, config.exclude_self, config.block_size)
+        return ring_forward(config.ring, q, k, beta, mask, config.structure, config.block_size)
 
     def one_device(q, k, beta, mask):
         init = forward_init(q, beta.dtype)
-        carry = forward_chunk(q, k, beta, mask, config.exclude_self, config.block_size, init)
+        carry = forward_chunk(q, k, beta, mask, config.structure, config.block_size, init)
         lse, out = forward_finish(carry)
         if config.method == "cudnn":
             # The fused kernel's own log-sum-exp comes back in the inputs' half precision, so
@@ -97,7 +99,7 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
             mask,
             dict(enumerate(arrays)),
             terms,
-            config.exclude_self,
+            config.structure,
             config.pass_block_size,
         )
         return _in_order(terms, rows, cols)
@@ -115,7 +117,7 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
         acc = beta.dtype
         table = dict(enumerate(arrays))
         init = terms_init(q.shape[0], table, rest, acc, k.shape[1])
-        args = (q, k, beta, lse, mask, table, rest, config.exclude_self, config.pass_block_size)
+        args = (q, k, beta, lse, mask, table, rest, config.structure, config.pass_block_size)
         rows, cols = terms_chunk(*args, init) if rest else ((), ())
         blockwise = iter(_in_order(rest, rows, cols))
         return tuple(fused[t] if t in fused else next(blockwise) for t in range(len(terms)))

@@ -61,12 +61,12 @@ def select_implementation(
 
     `"auto"` takes cuDNN's fused attention when the backend is a GPU, the inputs are float16 or
     bfloat16 (the dtypes cuDNN's flash attention accepts), the head size is a multiple of 8 up
-    to 128, and there is no mask (an explicit mask or the excluded diagonal): the fused kernel
-    cannot reproduce this package's convention for rows with nothing to attend to. Otherwise
-    it takes the blockwise path when the score matrices would hold more than `threshold`
-    entries (`entries = heads * seq * mem`; default `BLOCKWISE_THRESHOLD` $= 2^{17}$), and the
-    naive path below that: small problems, where both cost the same on a CPU and the plain
-    program is the simpler one to compile and read.
+    to 128, and there is no mask (an explicit mask, the excluded diagonal or the causal
+    triangle): the fused kernel cannot reproduce this package's convention for rows with
+    nothing to attend to. Otherwise it takes the blockwise path when the score matrices would
+    hold more than `threshold` entries (`entries = heads * seq * mem`; default
+    `BLOCKWISE_THRESHOLD` $= 2^{17}$), and the naive path below that: small problems, where
+    both cost the same on a CPU and the plain program is the simpler one to compile and read.
 
     Every choice gives the same values and derivatives, in forward and reverse mode and to
     any order; only time and memory differ.

@@ -113,17 +113,17 @@ def _chunk_view(ring, seq, mask, first_key, length):
     return mask, (jax.lax.axis_index(ring.name) * seq, first_key)
 
 
-def _local_forward(ring, q, k, beta, mask, exclude_self, block_size):
+def _local_forward(ring, q, k, beta, mask, structure, block_size):
     def step(carry, k_piece, first_key):
         mask_c, offsets = _chunk_view(ring, q.shape[0], mask, first_key, k_piece.shape[0])
-        args = (q, k_piece, beta, mask_c, exclude_self, block_size, carry, offsets)
+        args = (q, k_piece, beta, mask_c, structure, block_size, carry, offsets)
         return forward_chunk(*args), None
 
     carry, _ = ring_pass(ring, step, forward_init(q, beta.dtype), k)
     return forward_finish(carry)
 
 
-def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, exclude_self, block_size):
+def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_size):
     acc = beta.dtype
     _, per_key = array_roles(terms)
     keyed = {i: arrays[i] for i in sorted(per_key - {KEYS})}
@@ -135,7 +135,7 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, exclude_self, block
         k_piece, keyed_piece = travel
         mask_c, offsets = _chunk_view(ring, q.shape[0], mask, first_key, k_piece.shape[0])
         pieces = {**whole, **keyed_piece}
-        args = (q, k_piece, beta, lse, mask_c, pieces, terms, exclude_self, block_size, carry)
+        args = (q, k_piece, beta, lse, mask_c, pieces, terms, structure, block_size, carry)
         return terms_chunk(*args, offsets)
 
     total = tuple(jnp.zeros((k.shape[0], widths[t.value]), acc) for t in terms if not t.row)
@@ -174,23 +174,23 @@ def _on_ring(ring, local, split, whole, out_specs):
     )(*args)
 
 
-def ring_forward(ring, q, k, beta, mask, exclude_self, block_size):
+def ring_forward(ring, q, k, beta, mask, structure, block_size):
     """The online pass round the ring: `(lse, out)`, split like the queries."""
 
     def local(split, whole):
         q, k, mask = split
-        return _local_forward(ring, q, k, whole, mask, exclude_self, block_size)
+        return _local_forward(ring, q, k, whole, mask, structure, block_size)
 
     return _on_ring(ring, local, (q, k, mask), beta, (True, True))
 
 
-def ring_terms(ring, q, k, beta, lse, mask, arrays, terms, exclude_self, block_size):
+def ring_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_size):
     """The terms round the ring: row terms split like the queries, column terms like the
     keys (every array is split along its leading axis, per query or per key)."""
 
     def local(split, whole):
         q, k, lse, mask, arrays = split
-        args = (ring, q, k, whole, lse, mask, arrays, terms, exclude_self, block_size)
+        args = (ring, q, k, whole, lse, mask, arrays, terms, structure, block_size)
         rows, cols = _local_terms(*args)
         return rows, () if cols is None else cols
 
