@@ -27,7 +27,8 @@ def train_step(
     *args: Any,
     project: Callable[[PyTree, PyTree], PyTree] | None = None,
     mesh: Mesh | None = None,
-) -> tuple[PyTree, PyTree, Array]:
+    has_state: bool = False,
+) -> tuple[PyTree, PyTree, Array] | tuple[PyTree, PyTree, Array, PyTree]:
     r"""One step $\theta \leftarrow \theta + \mathrm{update}(\nabla_\theta \ell(\theta))$.
 
     `loss_fn(params, static, *args)` is the scalar loss, differentiated with respect to
@@ -37,9 +38,16 @@ def train_step(
     parameters and optimiser state are pinned to be replicated over it (the arguments
     arrive sharded; the compiler inserts the cross-device reductions).
 
+    With `has_state=True` the first of `args` is a state the loss carries from step to step
+    without differentiating it (a replay buffer): `loss_fn(params, static, state, *rest)`
+    returns `(loss, new_state)`, and the step returns `(params, opt_state, loss, new_state)`.
+
     Returns `(params, opt_state, loss)`, the loss being that of the parameters passed in.
     """
-    loss, grads = jax.value_and_grad(loss_fn)(params, static, *args)
+    if has_state:
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, static, *args)
+    else:
+        loss, grads = jax.value_and_grad(loss_fn)(params, static, *args)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if project is not None:
@@ -49,4 +57,6 @@ def train_step(
         params, opt_state = jax.lax.with_sharding_constraint(
             (params, opt_state), NamedSharding(mesh, PartitionSpec())
         )
+    if has_state:
+        return params, opt_state, loss, jax.lax.stop_gradient(state)
     return params, opt_state, loss

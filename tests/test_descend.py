@@ -49,6 +49,30 @@ def test_matches_hand_written_loop(problem):
     assert descent.energies.shape == (8,) and descent.trajectory.shape == (8, 4)
 
 
+def test_langevin_noise_is_the_hand_written_loop_plus_keyed_gaussians(problem):
+    args, x0 = problem
+    alpha, sigma, key = 0.1, 0.3, jr.key(4)
+    descent = descend(quadratic, x0, args, step_size=alpha, num_steps=5, noise_scale=sigma, key=key)
+    x = x0
+    for t in range(5):
+        noise = jr.normal(jr.split(jr.fold_in(key, t), 1)[0], x.shape, x.dtype)
+        x = x - alpha * jax.grad(quadratic)(x, args) + sigma * noise
+    np.testing.assert_allclose(descent.value, x, rtol=1e-13)
+    # Differentiable in the noise scale (a trained Langevin temperature).
+    grad = jax.grad(
+        lambda s: jnp.sum(
+            ea.descend(
+                quadratic, x0, args, step_size=alpha, num_steps=5, noise_scale=s, key=key
+            ).value
+        )
+    )(sigma)
+    assert np.isfinite(grad) and grad != 0
+    with pytest.raises(ValueError, match="needs both noise_scale and key"):
+        ea.descend(quadratic, x0, args, step_size=alpha, num_steps=1, noise_scale=sigma)
+    with pytest.raises(ValueError, match="noise_scale must be finite and >= 0"):
+        ea.descend(quadratic, x0, args, step_size=alpha, num_steps=1, noise_scale=-1.0, key=key)
+
+
 def test_closed_form_on_a_quadratic(problem):
     """For E = ½(x-c)ᵀA(x-c): x_T - c = (I - αA)^T (x_0 - c)."""
     args, x0 = problem

@@ -3,11 +3,33 @@
 import argparse
 from collections.abc import Sequence
 
-from . import attractor, bench, classify, demo, ham, hopfield, landscape, spin_transformer, sweep
+from . import (
+    attractor,
+    bench,
+    classify,
+    demo,
+    ebt,
+    ham,
+    hopfield,
+    landscape,
+    spin_transformer,
+    sweep,
+)
 from .common import avoid_xla_cpu_ynn_fusions
 
 #: In the order of `energyattn --help`.
-COMMANDS = (demo, hopfield, classify, ham, spin_transformer, attractor, landscape, sweep, bench)
+COMMANDS = (
+    demo,
+    hopfield,
+    classify,
+    ham,
+    spin_transformer,
+    ebt,
+    attractor,
+    landscape,
+    sweep,
+    bench,
+)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -12,10 +12,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 from jax.flatten_util import ravel_pytree
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_finite, check_positive, error_if, error_if_nonfinite, positive_int
+from .._checks import (
+    check_finite,
+    check_positive,
+    check_values,
+    error_if,
+    error_if_nonfinite,
+    positive_int,
+)
 from .._custom_types import Scalar, ScalarLike, State
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution
@@ -61,11 +69,14 @@ def descend(
     with_state: bool = False,
     return_trajectory: bool = False,
     throw: bool = True,
+    noise_scale: ScalarLike | None = None,
+    key: PRNGKeyArray | None = None,
     save_trajectory: bool | None = None,
 ) -> Solution:
     r"""Fixed-step gradient descent on an energy, unrolled in `jax.lax.scan`.
 
-    $$x_{t+1} = x_t - \alpha\, \nabla_g E(g, \text{args})\big|_{g = g(x_t)}$$
+    $$x_{t+1} = x_t - \alpha\, \nabla_g E(g, \text{args})\big|_{g = g(x_t)}
+      \;\big[+\, \sigma\, \xi_t,\quad \xi_t \sim \mathcal N(0, I)\big]$$
 
     Without `activation`, $g(x) = x$ and this is plain gradient descent. With an activation
     (Energy Transformer dynamics, e.g. a layer norm $g = \nabla L(x)$) the state $x$ moves
@@ -80,8 +91,13 @@ def descend(
     [`ea.ham.HAM`][energyattn.ham.HAM]. A step size per leaf of the state (a pytree like
     `x0`) gives each part its own time constant, $\alpha_\ell = \Delta t/\tau_\ell$.
 
+    With `noise_scale` $\sigma$ (and a `key`) every step adds Gaussian noise: Langevin
+    dynamics, which samples $\propto e^{-E/T}$ at temperature $T = \sigma^2 / (2\alpha)$ for
+    small steps (the noisy "thinking" of energy-based transformers). Step $t$ draws its noise
+    with `jr.fold_in(key, t)`.
+
     Works under `jit`, `vmap`, `grad` and `jvp`; derivatives flow through the unrolled steps
-    (so the step size and the energy's parameters can be trained).
+    (so the step size, the noise scale and the energy's parameters can be trained).
 
     **Arguments:**
 
@@ -102,6 +118,9 @@ def descend(
       `args` (e.g. `energy.memory`); or a descent that diverged from a finite start (the
       step size). With `throw=False` a diverging descent returns its non-finite values and
       `RESULTS.nonfinite`.
+    - `noise_scale`: optional $\sigma \ge 0$ of Langevin noise added after every step
+      (default none: plain descent); needs `key`.
+    - `key`: a JAX PRNG key for the noise (only with `noise_scale`).
     - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
     **Returns:**
@@ -114,7 +133,9 @@ def descend(
     ??? cite "Source"
 
         M. Bal, *Attention as Energy Minimization: Visualizing Energy Landscapes* (2021);
-        B. Hoover et al., *Energy Transformer* (2023) for the activation form.
+        B. Hoover et al., *Energy Transformer* (2023) for the activation form; the noise is
+        Langevin dynamics as in A. Gladstone et al., *Energy-Based Transformers are Scalable
+        Learners and Thinkers* (2025).
     """
     return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "ea.descend")
     if not callable(energy):
@@ -124,6 +145,15 @@ def descend(
     step_size = _step_sizes(step_size, x0)
     if throw:
         x0 = jax.tree.map(lambda leaf: check_finite("the initial state x0", leaf), x0)
+    if (noise_scale is None) != (key is None):
+        raise ValueError(
+            "Langevin noise needs both noise_scale and key (a JAX PRNG key), got "
+            f"noise_scale={noise_scale!r} and key={'None' if key is None else 'a key'}"
+        )
+    if noise_scale is not None:
+        noise_scale = check_values(
+            "noise_scale", noise_scale, lambda s: (s >= 0) & (s < jnp.inf), "finite and >= 0"
+        )
     to_g = activation if activation is not None else (lambda x: x)
 
     g0_shape = jax.eval_shape(to_g, x0)
@@ -144,16 +174,19 @@ def descend(
     check_energy_output(lambda g, args: energy_at(g, x0), g0_shape, args)
     value_and_force = jax.value_and_grad(energy_at)
 
-    def step(carry, _):
+    def step(carry, t):
         x, _ = carry
         value, grad = value_and_force(to_g(x), x)
         update = jax.tree.map(lambda xi, a, gi: (a * gi).astype(xi.dtype), x, step_size, grad)
+        if noise_scale is not None:
+            noise = _normal_like(jr.fold_in(key, t), x)
+            update = jax.tree.map(lambda u, n: u - (noise_scale * n).astype(u.dtype), update, noise)
         x_next = jax.tree.map(lambda xi, ui: xi - ui, x, update)
         size = rms(ravel_pytree(update)[0])
         return (x_next, size), ((value, x) if return_trajectory else value)
 
     zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(x0)))
-    (x_final, size), history = jax.lax.scan(step, (x0, zero), None, length=num_steps)
+    (x_final, size), history = jax.lax.scan(step, (x0, zero), jnp.arange(num_steps))
     energies, trajectory = collect_history(
         history, x_final, energy_at(to_g(x_final), x_final), return_trajectory
     )
@@ -188,6 +221,17 @@ def descend(
         energies=energies,
         trajectory=trajectory,
     )
+
+
+def _normal_like(key: PRNGKeyArray, x: State) -> State:
+    """Standard normal noise with the structure, shapes and dtypes of `x`."""
+    leaves, treedef = jax.tree.flatten(x)
+    keys = jr.split(key, len(leaves))
+    noise = [
+        jr.normal(k, jnp.shape(leaf), jnp.result_type(leaf))
+        for k, leaf in zip(keys, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, noise)
 
 
 def _step_sizes(step_size: Any, x0: State) -> State:

@@ -12,6 +12,20 @@ from ._classifier import (
     evaluate_classifier as evaluate_classifier,
     train_classifier as train_classifier,
 )
+from ._ebt import (
+    CausalBlock as CausalBlock,
+    CausalTransformer as CausalTransformer,
+    EBTContext as EBTContext,
+    EnergyBasedTransformer as EnergyBasedTransformer,
+    ReplayBuffer as ReplayBuffer,
+    Thought as Thought,
+    causal_attention as causal_attention,
+    complete as complete,
+    next_token_error as next_token_error,
+    thinking_steps_for_training as thinking_steps_for_training,
+    train_ebt as train_ebt,
+    train_next_token as train_next_token,
+)
 from ._ham import (
     FeedforwardClassifier as FeedforwardClassifier,
     HAMClassifier as HAMClassifier,

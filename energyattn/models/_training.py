@@ -219,12 +219,15 @@ class TrainResult(eqx.Module):
     - `losses`: the training loss of every step run in this call, shape `(steps_run,)`.
     - `step`: the number of optimisation steps done in total (including resumed ones).
     - `finished`: whether `step == num_steps` (`False` when the time limit stopped it).
+    - `state`: what the loss carried from step to step (e.g. an energy-based transformer's
+      replay buffer), or `None`.
     """
 
     model: Any
     losses: Float[Array, " steps"]
     step: int
     finished: bool
+    state: Any = None
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:
@@ -281,10 +284,15 @@ def fit(
     progress: bool,
     callback: Callable[[int, float], None] | None,
     project: Callable | None = None,
+    state: PyTree | None = None,
 ) -> TrainResult:
     """The training loop every task model shares (see `train_inpainting` for the semantics):
     `loss_fn(params, static, step_key, data, config)` is a module-level function giving the
-    loss of one step's batch, `config` a tuple of Python numbers. `project(params, static)`,
+    loss of one step's batch, `config` a tuple of Python numbers. With a `state` (arrays the
+    loss carries from step to step, e.g. a replay buffer) the loss is
+    `loss_fn(params, static, state, step_key, data, config) -> (loss, new_state)`; the state is
+    checkpointed with the model, so a resumed run continues exactly, and returned in
+    `TrainResult.state`. `project(params, static)`,
     also module-level, maps the parameters back onto their constraint set after every
     optimiser step (projected gradient descent). Each step is `energyattn._train.train_step`.
 
@@ -308,11 +316,12 @@ def fit(
     opt_state = optimizer.init(params)
     start = 0
     if checkpoint is not None and checkpoint.exists():
-        saved = load_checkpoint(
-            checkpoint,
-            {"model": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)},
-        )
+        like = {"model": params, "opt_state": opt_state, "step": jnp.zeros((), jnp.int32)}
+        if state is not None:
+            like["state"] = state
+        saved = load_checkpoint(checkpoint, like)
         params, opt_state, start = saved["model"], saved["opt_state"], int(saved["step"])
+        state = saved.get("state")
 
     losses: list[Array] = []
     checked = 0  # losses[:checked] are known to be finite
@@ -350,8 +359,10 @@ def fit(
         nonlocal saved_step
         if checkpoint is not None:
             verify(step, parameters=True)
-            state = {"model": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
-            save_checkpoint(checkpoint, state)
+            saved = {"model": params, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+            if state is not None:
+                saved["state"] = state
+            save_checkpoint(checkpoint, saved)
             saved_step = step
 
     began = time.perf_counter()
@@ -362,17 +373,24 @@ def fit(
             if time_limit is not None and time.perf_counter() - began > time_limit:
                 break
             try:
-                params, opt_state, loss = train_step(
+                carried = () if state is None else (state,)
+                out = train_step(
                     loss_fn,
                     optimizer,
                     params,
                     static,
                     opt_state,
+                    *carried,
                     jr.fold_in(key, step),
                     data,
                     config,
                     project=project,
+                    has_state=state is not None,
                 )
+                if state is None:
+                    params, opt_state, loss = out
+                else:
+                    params, opt_state, loss, state = out
             except eqx.EquinoxRuntimeError as error:
                 # A check inside the model ("x contains NaN") failed. After an update, that
                 # is divergence: name the step that made the parameters non-finite, or, when
@@ -406,7 +424,11 @@ def fit(
     save(done)  # verifies first
     history = jnp.stack(losses) if losses else jnp.zeros((0,))
     return TrainResult(
-        model=eqx.combine(params, static), losses=history, step=done, finished=done == num_steps
+        model=eqx.combine(params, static),
+        losses=history,
+        step=done,
+        finished=done == num_steps,
+        state=state,
     )
 
 

@@ -1,0 +1,492 @@
+"""`energyattn ebt`: an energy-based transformer completes the shipped digits row by row by
+thinking (descending its energy), next to a feed-forward transformer of the same size trained
+in the same run, the untrained model and the mean training row."""
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import (
+    POSITIVE,
+    SEED,
+    add_command,
+    add_progress_flag,
+    check_out,
+    int_at_least,
+    num_parameters,
+    run,
+    say,
+    time_limit_note,
+    write_metrics,
+)
+
+#: Thinking steps and candidates the evaluation reports (the issue's grid).
+THINKING_STEPS = (1, 2, 4, 8, 16)
+CANDIDATES = (1, 4, 16)
+#: The digits' upper half is given, the lower half completed.
+GIVEN_ROWS = 4
+
+
+def add_parser(commands: Any) -> None:
+    parser = add_command(
+        commands,
+        "ebt",
+        help="an energy-based transformer that thinks: digit completion row by row",
+        description=(
+            "Train an energy-based transformer on the shipped 8x8 digits read as sequences of "
+            "8 rows: it gives every (rows <= t, candidate row t+1) pair an energy, predicts by "
+            "descending it from noise (thinking) and is trained through that descent. A "
+            "feed-forward causal transformer with the same blocks is trained with the same "
+            "budget. On held-out digits, the lower half is completed from the upper half; "
+            "prints the error after 1-16 thinking steps, with self-verification over 1, 4 and "
+            "16 candidates, next to the feed-forward model, the untrained EBT and the mean "
+            "training row. Writes thinking.png, completions.png and metrics.json into --out."
+        ),
+    )
+    parser.add_argument(
+        "--train-steps", type=int_at_least(1), default=400, metavar="N", help="steps per model"
+    )
+    parser.add_argument(
+        "--thinking-steps",
+        type=int_at_least(1),
+        default=2,
+        metavar="S",
+        help="descent steps per prediction in training",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=POSITIVE,
+        default=None,
+        metavar="SECONDS",
+        help="cap on each model's training time (default: no limit)",
+    )
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches, noise")
+    add_progress_flag(parser, "the progress bars")
+    parser.set_defaults(run=lambda args: main(args, parser))
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`energyattn ebt`: run `run_ebt_demo`, print the table."""
+    print(f"energyattn ebt: digit completion by thinking, seed {args.seed}")
+    metrics = run(
+        "ebt",
+        parser,
+        run_ebt_demo,
+        args.out,
+        train_steps=args.train_steps,
+        thinking_steps=args.thinking_steps,
+        time_limit=args.time_limit,
+        seed=args.seed,
+        progress=say,
+        progress_bar=not args.no_progress,
+        flags="--train-steps",
+    )
+    if metrics is None:
+        return 1
+    completion = metrics["completion_mse"]
+    print()
+    print("held-out digits, lower half completed from the upper half (MSE per pixel):")
+    for steps, value in completion["ebt"].items():
+        untrained = completion["ebt_untrained"][steps]
+        print(f"  EBT, {steps:>2} thinking steps     {value:.4f}   (untrained {untrained:.4f})")
+    for n, value in completion["ebt_verified"].items():
+        print(f"  EBT, best of {n:>2} candidates  {value:.4f}")
+    print(f"  feed-forward transformer   {completion['feed_forward']:.4f}")
+    print(f"  mean training row          {completion['mean_row']:.4f}")
+    print(f"files in {args.out}")
+    return 0
+
+
+def _rows(images: np.ndarray) -> np.ndarray:
+    """8x8 digits as sequences of 8 rows of 8 pixels."""
+    return np.asarray(images, np.float32).reshape(-1, 8, 8)
+
+
+def run_ebt_demo(
+    out: str | Path,
+    *,
+    train_steps: int = 400,
+    thinking_steps: int = 2,
+    dim: int = 32,
+    num_heads: int = 2,
+    depth: int = 2,
+    init_scale: float = 0.3,
+    learning_rate: float = 3e-3,
+    batch_size: int = 64,
+    time_limit: float | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] = print,
+    progress_bar: bool = True,
+) -> dict[str, Any]:
+    """Train an [`EnergyBasedTransformer`][energyattn.models.EnergyBasedTransformer] and a
+    feed-forward [`CausalTransformer`][energyattn.models.CausalTransformer] with the same
+    blocks, optimiser, steps, batches and seed on scikit-learn's 8x8 digits (fixed 80/20
+    split) read as sequences of 8 rows, then evaluate both on the held-out digits.
+
+    Reported, in the same run: the next-row error (every row predicted from the true rows
+    above it) and the completion error (rows 4-7 generated one by one from rows 0-3, each
+    prediction fed back) of the EBT after 1, 2, 4, 8 and 16 thinking steps, with
+    self-verification over 1, 4 and 16 candidates, of the untrained EBT, of the feed-forward
+    model and of the mean training row (the best prediction that ignores the rows above);
+    the parameters and the floating-point operations per sequence (XLA's count).
+
+    Writes `thinking.png` (error against thinking steps), `completions.png` (completed digits
+    and the energy of each generated row along its descent) and `metrics.json` into `out`.
+    """
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    from ..data import load_digits
+    from ..models import (
+        CausalTransformer,
+        EnergyBasedTransformer,
+        complete,
+        train_ebt,
+        train_next_token,
+    )
+
+    out = check_out(out, "thinking.png", "completions.png", "metrics.json")
+    train = _rows(load_digits("train").images)
+    test = _rows(load_digits("test").images)
+    progress(
+        f"digits (scikit-learn, 8x8) as sequences of 8 rows: {len(train)} train / {len(test)} test"
+    )
+    sizes = dict(dim=dim, num_heads=num_heads, depth=depth)
+    ebt0 = EnergyBasedTransformer(8, 8, key=jr.key(seed), **sizes)
+    ff0 = CausalTransformer(8, 8, key=jr.key(seed), **sizes)
+    settings = dict(
+        key=jr.key(seed + 1),
+        num_steps=train_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        time_limit=time_limit,
+        progress=progress_bar,
+    )
+    trained = {}
+    for name, model, fn, extra in (
+        (
+            "ebt",
+            ebt0,
+            train_ebt,
+            dict(thinking_steps=thinking_steps, init_scale=init_scale),
+        ),
+        ("feed_forward", ff0, train_next_token, {}),
+    ):
+        progress(f"{name}: {num_parameters(model)} parameters; training {train_steps} steps")
+        began = time.perf_counter()
+        result = fn(model, train, **settings, **extra)
+        seconds = time.perf_counter() - began
+        stopped = time_limit_note(result.step, train_steps, time_limit)
+        progress(f"{name}: {stopped or f'trained {result.step} steps'} ({seconds:.1f} s)")
+        trained[name] = (result, seconds, stopped)
+    ebt, ff = trained["ebt"][0].model, trained["feed_forward"][0].model
+
+    x = jnp.asarray(test)
+    keys = jr.split(jr.key(seed + 2), x.shape[0])
+    mean_row = jnp.asarray(train.mean(axis=0))
+
+    progress("evaluating on held-out digits")
+    metrics: dict[str, Any] = {
+        "dataset": "digits (scikit-learn, 8x8), 8 rows of 8 pixels per sequence",
+        "task": f"rows {GIVEN_ROWS}-7 completed from rows 0-{GIVEN_ROWS - 1}, one row at a time",
+        "seed": seed,
+        "train_steps": train_steps,
+        "thinking_steps_in_training": thinking_steps,
+        "models": {},
+    }
+    for name, (result, seconds, stopped) in trained.items():
+        losses = np.asarray(result.losses)
+        metrics["models"][name] = {
+            "num_parameters": num_parameters(result.model),
+            "train_steps": int(result.step),
+            "stopped_by_time_limit": stopped is not None,
+            "train_seconds": seconds,
+            "final_train_loss": float(np.mean(losses[-25:])) if losses.size else None,
+        }
+    metrics["models"]["ebt"]["step_size"] = float(ebt.step_size)
+
+    evaluate = eqx.filter_jit(_evaluate_ebt)
+    ebt_numbers = evaluate(ebt, x, keys, thinking_steps, init_scale)
+    untrained_numbers = evaluate(ebt0, x, keys, thinking_steps, init_scale)
+    ff_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff, x)
+    ff0_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff0, x)
+
+    def table(kind: str) -> dict[str, Any]:
+        curve, verified = ebt_numbers[kind]
+        return {
+            "ebt": dict(zip(THINKING_STEPS, map(float, curve), strict=True)),
+            "ebt_untrained": dict(
+                zip(THINKING_STEPS, map(float, untrained_numbers[kind][0]), strict=True)
+            ),
+            "ebt_verified": dict(zip(CANDIDATES, map(float, verified), strict=True)),
+            "feed_forward": float(ff_numbers[kind]),
+            "feed_forward_untrained": float(ff0_numbers[kind]),
+        }
+
+    metrics["next_row_mse"] = dict(
+        table("next_row"), mean_row=float(jnp.mean(jnp.square(mean_row[None, 1:] - x[:, 1:])))
+    )
+    metrics["completion_mse"] = dict(
+        table("completion"),
+        mean_row=float(jnp.mean(jnp.square(mean_row[None, GIVEN_ROWS:] - x[:, GIVEN_ROWS:]))),
+    )
+    metrics["flops_per_sequence"] = _flops(ebt, ff, x[0], thinking_steps, init_scale)
+
+    _plot_thinking(
+        out / "thinking.png", metrics["next_row_mse"], metrics["completion_mse"], thinking_steps
+    )
+    shown = x[:8]
+    ebt_filled, paths = eqx.filter_jit(jax.vmap(_energy_paths, in_axes=(None, 0, 0, None, None)))(
+        ebt, shown, keys[:8], max(THINKING_STEPS), init_scale
+    )
+    ff_filled = jax.vmap(lambda x: complete(ff, x, GIVEN_ROWS))(shown)
+    _plot_completions(out / "completions.png", shown, ebt_filled, ff_filled, paths)
+    write_metrics(out / "metrics.json", metrics)
+    return metrics
+
+
+def _chosen(energy: Any, states: Any, candidates: Any) -> Any:
+    """Per position, the state of lowest energy among the first `candidates` of `states`
+    `(max_candidates, seq, token_dim)` (self-verification; `candidates` may be traced)."""
+    import jax
+    import jax.numpy as jnp
+
+    energies = jax.vmap(energy.energies)(states)
+    energies = jnp.where(jnp.arange(states.shape[0])[:, None] < candidates, energies, jnp.inf)
+    best = jnp.argmin(energies, axis=0)
+    return jnp.take_along_axis(states, best[None, :, None], axis=0)[0]
+
+
+def _evaluate_ebt(
+    model: Any, x: Any, keys: Any, thinking_steps: int, init_scale: float
+) -> dict[str, Any]:
+    """The held-out errors of an EBT: after each of `THINKING_STEPS` (one candidate) and with
+    self-verification over `CANDIDATES` at `thinking_steps`, for the next row and for the
+    completion. A prediction after `s` steps is step `s` of one longer descent (the same noise
+    draws), so each grid is one program: one descent per row and sequence, indexed."""
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    longest, most = max(THINKING_STEPS), max(CANDIDATES)
+
+    def descents(x: Any, key: Any, steps: int, candidates: int) -> Any:
+        thought = model.think(
+            x,
+            num_steps=steps,
+            key=key,
+            num_candidates=candidates,
+            init_scale=init_scale,
+            return_trajectory=True,
+        )
+        return thought.trajectory  # (candidates, steps + 1, seq, token_dim)
+
+    def next_rows(x: Any, key: Any) -> tuple[Any, Any]:
+        curve = descents(x, key, longest, 1)[0]
+        many = descents(x, jr.fold_in(key, 1), thinking_steps, most)[:, -1]
+        energy = model.context(x)
+        verified = [_chosen(energy, many, n) for n in CANDIDATES]
+        return curve[jnp.asarray(THINKING_STEPS)], jnp.stack(verified)
+
+    def completed(x: Any, key: Any, step: Any, candidates: Any, steps: int, most: int) -> Any:
+        def fill(t: Any, x: Any) -> Any:
+            states = descents(x, jr.fold_in(key, t), steps, most)[:, step]
+            prediction = _chosen(model.context(x), states, candidates)
+            return x.at[t].set(prediction[t - 1])
+
+        return jax.lax.fori_loop(GIVEN_ROWS, x.shape[0], fill, x)
+
+    def completions(x: Any, key: Any) -> tuple[Any, Any]:
+        curve = jax.vmap(completed, in_axes=(None, None, 0, None, None, None))(
+            x, key, jnp.asarray(THINKING_STEPS), 1, longest, 1
+        )
+        verified = jax.vmap(completed, in_axes=(None, None, None, 0, None, None))(
+            x, jr.fold_in(key, 1), thinking_steps, jnp.asarray(CANDIDATES), thinking_steps, most
+        )
+        return curve, verified
+
+    curve, verified = jax.vmap(next_rows)(x, keys)  # (n, grid, seq, token_dim)
+    x_ = x[:, None]
+    next_row = (
+        jnp.mean(jnp.square(curve[:, :, :-1] - x_[:, :, 1:]), axis=(0, 2, 3)),
+        jnp.mean(jnp.square(verified[:, :, :-1] - x_[:, :, 1:]), axis=(0, 2, 3)),
+    )
+    curve, verified = jax.vmap(completions)(x, keys)
+    lower = slice(GIVEN_ROWS, None)
+    completion = (
+        jnp.mean(jnp.square(curve[:, :, lower] - x_[:, :, lower]), axis=(0, 2, 3)),
+        jnp.mean(jnp.square(verified[:, :, lower] - x_[:, :, lower]), axis=(0, 2, 3)),
+    )
+    return {"next_row": next_row, "completion": completion}
+
+
+def _evaluate_feed_forward(model: Any, x: Any) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from ..models import complete, next_token_error
+
+    filled = jax.vmap(lambda x: complete(model, x, GIVEN_ROWS))(x)
+    return {
+        "next_row": next_token_error(jax.vmap(model)(x), x),
+        "completion": jnp.mean(jnp.square(filled[:, GIVEN_ROWS:] - x[:, GIVEN_ROWS:])),
+    }
+
+
+def _energy_paths(model: Any, x: Any, key: Any, steps: int, init_scale: float) -> tuple[Any, Any]:
+    """`complete(model, x, GIVEN_ROWS, ...)` with one candidate, and the energy of each
+    generated row at every thinking step, `(rows, steps + 1)`."""
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    def fill(t: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+        x, paths = carry
+        thought = model.think(
+            x,
+            num_steps=steps,
+            key=jr.fold_in(key, t),
+            init_scale=init_scale,
+            return_trajectory=True,
+        )
+        energies = jax.vmap(model.context(x).energies)(thought.trajectory[0])[:, t - 1]
+        return x.at[t].set(thought.prediction[t - 1]), paths.at[t - GIVEN_ROWS].set(energies)
+
+    paths = jnp.zeros((x.shape[0] - GIVEN_ROWS, steps + 1), x.dtype)
+    return jax.lax.fori_loop(GIVEN_ROWS, x.shape[0], fill, (x, paths))
+
+
+def _matmul_flops(fn: Callable, *args: Any) -> float:
+    """Floating-point operations of the matrix products of `fn(*args)`, counted in its jaxpr:
+    each `dot_general` (2 x output size x contracted size) times the trip counts of the scans
+    around it (descent steps, layers); branches count their largest, `while` bodies once."""
+    import jax
+    import numpy as np
+
+    def walk(jaxpr: Any) -> float:
+        total = 0.0
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name == "dot_general":
+                (contract, _), _ = eqn.params["dimension_numbers"]
+                lhs = eqn.invars[0].aval.shape
+                out = eqn.outvars[0].aval.shape
+                total += 2.0 * np.prod(out) * np.prod([lhs[d] for d in contract])
+                continue
+            inner = [walk(sub) for sub in _sub_jaxprs(eqn.params)]
+            if not inner:
+                continue
+            if name == "cond":
+                total += max(inner)
+            elif name == "scan":
+                total += eqn.params["length"] * sum(inner)
+            else:
+                total += sum(inner)
+        return total
+
+    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def _sub_jaxprs(params: dict) -> list[Any]:
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            item = getattr(item, "jaxpr", item)  # a ClosedJaxpr's jaxpr
+            if hasattr(item, "eqns"):
+                found.append(item)
+    return found
+
+
+def _flops(ebt: Any, ff: Any, x: Any, thinking_steps: int, init_scale: float) -> dict[str, float]:
+    """Matrix-product flops to predict every next row of one sequence (`_matmul_flops`)."""
+    import jax.random as jr
+
+    counts = {"feed_forward": float(_matmul_flops(lambda x: ff(x), x))}
+    for steps in sorted({1, thinking_steps, max(THINKING_STEPS)}):
+
+        def think(x: Any, steps: int = steps) -> Any:
+            return ebt.think(x, num_steps=steps, key=jr.key(0), init_scale=init_scale).prediction
+
+        counts[f"ebt_{steps}_steps"] = float(_matmul_flops(think, x))
+    return counts
+
+
+def _plot_thinking(path: Path, tf: dict, comp: dict, thinking_steps: int) -> None:
+    from ..viz._figure import new_figure, save
+
+    figure = new_figure(figsize=(9.6, 3.8))
+    axes = figure.subplots(1, 2)
+    steps = np.asarray(THINKING_STEPS)
+    panels = (
+        ("next row, from the true rows above", tf),
+        ("lower half, completed row by row", comp),
+    )
+    for ax, (name, numbers) in zip(axes, panels, strict=True):
+        ax.plot(steps, [numbers["ebt"][s] for s in THINKING_STEPS], "o-", label="EBT (trained)")
+        ax.plot(
+            steps,
+            [numbers["ebt_untrained"][s] for s in THINKING_STEPS],
+            "s:",
+            color="grey",
+            label="EBT (untrained)",
+        )
+        best = min(numbers["ebt_verified"], key=numbers["ebt_verified"].get)
+        ax.plot(
+            [thinking_steps],
+            [numbers["ebt_verified"][best]],
+            "*",
+            markersize=11,
+            label=f"EBT, best of {best} candidates",
+        )
+        ax.axhline(numbers["feed_forward"], color="C3", ls="--", label="feed-forward transformer")
+        ax.axhline(numbers["mean_row"], color="k", ls="-.", label="mean training row")
+        ax.axvline(thinking_steps, color="C0", alpha=0.25, lw=6, label="steps in training")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(steps, [str(s) for s in THINKING_STEPS])
+        ax.set_yscale("log")
+        ax.set_xlabel("thinking steps")
+        ax.set_ylabel("held-out MSE per pixel")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper right")
+    save(figure, path, "does more thinking lower the error?", fontsize=11)
+
+
+def _plot_completions(path: Path, truth: Any, ebt: Any, ff: Any, paths: Any) -> None:
+    from ..viz._figure import new_figure, save
+
+    truth, ebt, ff, paths = (np.asarray(a) for a in (truth, ebt, ff, paths))
+    n = truth.shape[0]
+    figure = new_figure(figsize=(1.35 * n + 0.8, 6.2))
+    axes = figure.subplots(4, n, squeeze=False, gridspec_kw={"height_ratios": [1, 1, 1, 1.3]})
+    rows = (("held out", truth), ("EBT", ebt), ("feed-forward", ff))
+    for c in range(n):
+        for r, (label, images) in enumerate(rows):
+            ax = axes[r, c]
+            ax.imshow(images[c], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.axhline(GIVEN_ROWS - 0.5, color="#e8202a", lw=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(label, fontsize=9)
+        ax = axes[3, c]
+        for i, curve in enumerate(paths[c]):
+            ax.plot(curve, lw=1, label=f"row {GIVEN_ROWS + i}")
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=6)
+        if c == 0:
+            ax.set_ylabel("energy $e_t$", fontsize=9)
+    axes[3, -1].legend(fontsize=6)
+    save(
+        figure,
+        path,
+        f"rows {GIVEN_ROWS}-7 completed from the rows above the red line; below, each "
+        "generated row's energy while thinking",
+        fontsize=10,
+    )
