@@ -200,7 +200,7 @@ def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
     assert match in err and "Traceback" not in err
 
 
-COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "attractor", "ham")
+COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "ebt", "attractor", "ham")
 COMMANDS += ("landscape", "sweep", "bench")
 
 

@@ -123,14 +123,13 @@ def frozen(model):
 
 def hand_unrolled(model, x, y0, num_steps, backprop_steps, detach):
     """Backpropagation through a Python loop of y <- y - alpha grad E, written out."""
-    force = jax.grad(lambda y, m: m(y, x))
     y, predictions = y0, []
     for step in range(num_steps):
         differentiated = step >= num_steps - backprop_steps
         m = model if differentiated else frozen(model)
         if detach or not differentiated:
             y = jax.lax.stop_gradient(y)
-        y = y - m.step_size * force(y, m)
+        y = y - m.step_size * jax.grad(m.context(x))(y)
         if differentiated:
             predictions.append(y)
     return ea.models.next_token_error(jnp.stack(predictions), x)
@@ -138,7 +137,7 @@ def hand_unrolled(model, x, y0, num_steps, backprop_steps, detach):
 
 def training_loss(model, x, y0, num_steps=2, backprop_steps=2, detach=False):
     predictions = ea.models.thinking_steps_for_training(
-        model, x, y0, jr.key(0), num_steps, backprop_steps, detach, None
+        model, x, y0, num_steps=num_steps, backprop_steps=backprop_steps, detach=detach
     )
     return ea.models.next_token_error(predictions, x)
 
@@ -172,7 +171,7 @@ def test_second_derivatives_through_the_blockwise_path_equal_the_naive_path(naiv
     # Training through a descent differentiates the energy's gradient: the blockwise passes'
     # derivatives (here third order in the log-sum-exp) against plain autodiff.
     x, y0 = tokens()
-    blockwise = training_gradient(make("blockwise", block_size=4), x, y0)
+    blockwise = training_gradient(make().with_implementation("blockwise", 4), x, y0)
     assert max_difference(naive_gradient, blockwise) < 1e-12
 
 
@@ -248,20 +247,18 @@ def test_a_short_training_beats_the_untrained_model_and_resumes_exactly(tmp_path
     assert trained < 0.3 * untrained and trained < mean_token, (trained, untrained, mean_token)
 
 
-def test_completion_and_the_feed_forward_baseline():
+def test_completion_feeds_each_prediction_back():
     x, _ = tokens()
     baseline = ea.models.CausalTransformer(TOKEN, SEQ, 8, num_heads=2, depth=1, key=jr.key(2))
 
     @eqx.filter_jit
-    def run(baseline, model, x):
-        thought = ea.models.complete(model, x, 4, key=jr.key(0), num_steps=2)
+    def run(baseline, x):
         filled = ea.models.complete(baseline, x, 3)
-        return thought, filled, baseline(filled)
+        return filled, baseline(filled)
 
-    thought, filled, again = run(baseline, make(), x)
+    filled, again = run(baseline, x)
     assert jnp.array_equal(filled[:3], x[:3])
     assert jnp.allclose(filled[3:], again[2:-1], atol=1e-14)  # token t from tokens < t
-    assert jnp.array_equal(thought[:4], x[:4]) and not jnp.allclose(thought[4:], x[4:])
 
 
 def test_clear_errors(user_mode):
@@ -285,3 +282,37 @@ def test_clear_errors(user_mode):
         model.energies(jnp.zeros((7, TOKEN)), jnp.zeros((7, TOKEN)))
     with pytest.raises(ValueError, match="pass key="):
         ea.models.complete(model, x, 2)
+
+
+def test_the_ebt_command_trains_evaluates_and_draws(tmp_path, capsys):
+    import json
+
+    from matplotlib import image as matplotlib_image
+
+    from energyattn._cli.ebt import run_ebt_demo
+
+    out = tmp_path / "ebt"
+    # The command's own code on small sizes (its full run is in the README).
+    metrics = run_ebt_demo(
+        out,
+        train_steps=2,
+        dim=8,
+        depth=1,
+        batch_size=8,
+        thinking_grid=(1, 2),
+        candidates=(1, 2),
+        num_test=4,
+        progress_bar=False,
+    )
+    for kind in ("next_row_mse", "completion_mse"):
+        numbers = metrics[kind]
+        assert set(numbers["ebt"]) == set(numbers["ebt_untrained"]) == {1, 2}
+        assert set(numbers["ebt_verified"]) == {1, 2}
+        assert all(v > 0 for v in numbers["ebt"].values())
+        assert numbers["feed_forward"] > 0 and numbers["mean_row"] > 0
+    flops = metrics["flops_per_sequence"]
+    assert flops["ebt_2_steps"] > flops["ebt_1_steps"] > flops["feed_forward"] > 0
+    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 2
+    for name in ("thinking.png", "completions.png"):
+        image = matplotlib_image.imread(out / name)
+        assert image.ndim == 3 and image.std() > 0.05

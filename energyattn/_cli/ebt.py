@@ -48,7 +48,7 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps", type=int_at_least(1), default=400, metavar="N", help="steps per model"
+        "--train-steps", type=int_at_least(1), default=600, metavar="N", help="steps per model"
     )
     parser.add_argument(
         "--thinking-steps",
@@ -109,7 +109,7 @@ def _rows(images: np.ndarray) -> np.ndarray:
 def run_ebt_demo(
     out: str | Path,
     *,
-    train_steps: int = 400,
+    train_steps: int = 600,
     thinking_steps: int = 2,
     dim: int = 32,
     num_heads: int = 2,
@@ -117,6 +117,9 @@ def run_ebt_demo(
     init_scale: float = 0.3,
     learning_rate: float = 3e-3,
     batch_size: int = 64,
+    thinking_grid: tuple[int, ...] = THINKING_STEPS,
+    candidates: tuple[int, ...] = CANDIDATES,
+    num_test: int | None = None,
     time_limit: float | None = None,
     seed: int = 0,
     progress: Callable[[str], None] = print,
@@ -136,12 +139,15 @@ def run_ebt_demo(
 
     Writes `thinking.png` (error against thinking steps), `completions.png` (completed digits
     and the energy of each generated row along its descent) and `metrics.json` into `out`.
+    `thinking_grid`, `candidates` and `num_test` (the first held-out digits only) shrink the
+    evaluation (the tests' quick run).
     """
     import equinox as eqx
     import jax
     import jax.numpy as jnp
     import jax.random as jr
 
+    from .._checks import positive_int
     from ..data import load_digits
     from ..models import (
         CausalTransformer,
@@ -150,10 +156,13 @@ def run_ebt_demo(
         train_ebt,
         train_next_token,
     )
+    from ..viz import plot_completions, plot_thinking
 
     out = check_out(out, "thinking.png", "completions.png", "metrics.json")
     train = _rows(load_digits("train").images)
-    test = _rows(load_digits("test").images)
+    test = _rows(load_digits("test").images)[:num_test]
+    thinking_grid = tuple(positive_int("thinking steps", s) for s in thinking_grid)
+    candidates = tuple(positive_int("candidates", n) for n in candidates)
     progress(
         f"digits (scikit-learn, 8x8) as sequences of 8 rows: {len(train)} train / {len(test)} test"
     )
@@ -212,19 +221,20 @@ def run_ebt_demo(
     metrics["models"]["ebt"]["step_size"] = float(ebt.step_size)
 
     evaluate = eqx.filter_jit(_evaluate_ebt)
-    ebt_numbers = evaluate(ebt, x, keys, thinking_steps, init_scale)
-    untrained_numbers = evaluate(ebt0, x, keys, thinking_steps, init_scale)
+    grids = (thinking_grid, candidates)
+    ebt_numbers = evaluate(ebt, x, keys, thinking_steps, init_scale, *grids)
+    untrained_numbers = evaluate(ebt0, x, keys, thinking_steps, init_scale, *grids)
     ff_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff, x)
     ff0_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff0, x)
 
     def table(kind: str) -> dict[str, Any]:
         curve, verified = ebt_numbers[kind]
         return {
-            "ebt": dict(zip(THINKING_STEPS, map(float, curve), strict=True)),
+            "ebt": dict(zip(thinking_grid, map(float, curve), strict=True)),
             "ebt_untrained": dict(
-                zip(THINKING_STEPS, map(float, untrained_numbers[kind][0]), strict=True)
+                zip(thinking_grid, map(float, untrained_numbers[kind][0]), strict=True)
             ),
-            "ebt_verified": dict(zip(CANDIDATES, map(float, verified), strict=True)),
+            "ebt_verified": dict(zip(candidates, map(float, verified), strict=True)),
             "feed_forward": float(ff_numbers[kind]),
             "feed_forward_untrained": float(ff0_numbers[kind]),
         }
@@ -236,17 +246,27 @@ def run_ebt_demo(
         table("completion"),
         mean_row=float(jnp.mean(jnp.square(mean_row[None, GIVEN_ROWS:] - x[:, GIVEN_ROWS:]))),
     )
-    metrics["flops_per_sequence"] = _flops(ebt, ff, x[0], thinking_steps, init_scale)
+    metrics["flops_per_sequence"] = _flops(ebt, ff, x[0], thinking_steps, init_scale, thinking_grid)
 
-    _plot_thinking(
-        out / "thinking.png", metrics["next_row_mse"], metrics["completion_mse"], thinking_steps
+    plot_thinking(
+        {
+            "next row, from the true rows above": metrics["next_row_mse"],
+            "lower half, completed row by row": metrics["completion_mse"],
+        },
+        out / "thinking.png",
+        trained_steps=thinking_steps,
     )
     shown = x[:8]
     ebt_filled, paths = eqx.filter_jit(jax.vmap(_energy_paths, in_axes=(None, 0, 0, None, None)))(
-        ebt, shown, keys[:8], max(THINKING_STEPS), init_scale
+        ebt, shown, keys[:8], max(thinking_grid), init_scale
     )
     ff_filled = jax.vmap(lambda x: complete(ff, x, GIVEN_ROWS))(shown)
-    _plot_completions(out / "completions.png", shown, ebt_filled, ff_filled, paths)
+    plot_completions(
+        {"held out": shown, "EBT": ebt_filled, "feed-forward": ff_filled},
+        paths,
+        out / "completions.png",
+        given=GIVEN_ROWS,
+    )
     write_metrics(out / "metrics.json", metrics)
     return metrics
 
@@ -264,17 +284,23 @@ def _chosen(energy: Any, states: Any, candidates: Any) -> Any:
 
 
 def _evaluate_ebt(
-    model: Any, x: Any, keys: Any, thinking_steps: int, init_scale: float
+    model: Any,
+    x: Any,
+    keys: Any,
+    thinking_steps: int,
+    init_scale: float,
+    thinking_grid: tuple[int, ...],
+    candidates: tuple[int, ...],
 ) -> dict[str, Any]:
-    """The held-out errors of an EBT: after each of `THINKING_STEPS` (one candidate) and with
-    self-verification over `CANDIDATES` at `thinking_steps`, for the next row and for the
+    """The held-out errors of an EBT: after each of `thinking_grid` steps (one candidate) and
+    with self-verification over `candidates` at `thinking_steps`, for the next row and for the
     completion. A prediction after `s` steps is step `s` of one longer descent (the same noise
     draws), so each grid is one program: one descent per row and sequence, indexed."""
     import jax
     import jax.numpy as jnp
     import jax.random as jr
 
-    longest, most = max(THINKING_STEPS), max(CANDIDATES)
+    longest, most = max(thinking_grid), max(candidates)
 
     def descents(x: Any, key: Any, steps: int, candidates: int) -> Any:
         thought = model.think(
@@ -291,23 +317,23 @@ def _evaluate_ebt(
         curve = descents(x, key, longest, 1)[0]
         many = descents(x, jr.fold_in(key, 1), thinking_steps, most)[:, -1]
         energy = model.context(x)
-        verified = [_chosen(energy, many, n) for n in CANDIDATES]
-        return curve[jnp.asarray(THINKING_STEPS)], jnp.stack(verified)
+        verified = [_chosen(energy, many, n) for n in candidates]
+        return curve[jnp.asarray(thinking_grid)], jnp.stack(verified)
 
     def completed(x: Any, key: Any, step: Any, candidates: Any, steps: int, most: int) -> Any:
         def fill(t: Any, x: Any) -> Any:
             states = descents(x, jr.fold_in(key, t), steps, most)[:, step]
             prediction = _chosen(model.context(x), states, candidates)
-            return x.at[t].set(prediction[t - 1])
+            return x.at[t].set(prediction[t - 1].astype(x.dtype))
 
         return jax.lax.fori_loop(GIVEN_ROWS, x.shape[0], fill, x)
 
     def completions(x: Any, key: Any) -> tuple[Any, Any]:
         curve = jax.vmap(completed, in_axes=(None, None, 0, None, None, None))(
-            x, key, jnp.asarray(THINKING_STEPS), 1, longest, 1
+            x, key, jnp.asarray(thinking_grid), 1, longest, 1
         )
         verified = jax.vmap(completed, in_axes=(None, None, None, 0, None, None))(
-            x, jr.fold_in(key, 1), thinking_steps, jnp.asarray(CANDIDATES), thinking_steps, most
+            x, jr.fold_in(key, 1), thinking_steps, jnp.asarray(candidates), thinking_steps, most
         )
         return curve, verified
 
@@ -356,7 +382,10 @@ def _energy_paths(model: Any, x: Any, key: Any, steps: int, init_scale: float) -
             return_trajectory=True,
         )
         energies = jax.vmap(model.context(x).energies)(thought.trajectory[0])[:, t - 1]
-        return x.at[t].set(thought.prediction[t - 1]), paths.at[t - GIVEN_ROWS].set(energies)
+        return (
+            x.at[t].set(thought.prediction[t - 1].astype(x.dtype)),
+            paths.at[t - GIVEN_ROWS].set(energies.astype(paths.dtype)),
+        )
 
     paths = jnp.zeros((x.shape[0] - GIVEN_ROWS, steps + 1), x.dtype)
     return jax.lax.fori_loop(GIVEN_ROWS, x.shape[0], fill, (x, paths))
@@ -403,90 +432,17 @@ def _sub_jaxprs(params: dict) -> list[Any]:
     return found
 
 
-def _flops(ebt: Any, ff: Any, x: Any, thinking_steps: int, init_scale: float) -> dict[str, float]:
+def _flops(
+    ebt: Any, ff: Any, x: Any, thinking_steps: int, init_scale: float, grid: tuple[int, ...]
+) -> dict[str, float]:
     """Matrix-product flops to predict every next row of one sequence (`_matmul_flops`)."""
     import jax.random as jr
 
     counts = {"feed_forward": float(_matmul_flops(lambda x: ff(x), x))}
-    for steps in sorted({1, thinking_steps, max(THINKING_STEPS)}):
+    for steps in sorted({1, thinking_steps, max(grid)}):
 
         def think(x: Any, steps: int = steps) -> Any:
             return ebt.think(x, num_steps=steps, key=jr.key(0), init_scale=init_scale).prediction
 
         counts[f"ebt_{steps}_steps"] = float(_matmul_flops(think, x))
     return counts
-
-
-def _plot_thinking(path: Path, tf: dict, comp: dict, thinking_steps: int) -> None:
-    from ..viz._figure import new_figure, save
-
-    figure = new_figure(figsize=(9.6, 3.8))
-    axes = figure.subplots(1, 2)
-    steps = np.asarray(THINKING_STEPS)
-    panels = (
-        ("next row, from the true rows above", tf),
-        ("lower half, completed row by row", comp),
-    )
-    for ax, (name, numbers) in zip(axes, panels, strict=True):
-        ax.plot(steps, [numbers["ebt"][s] for s in THINKING_STEPS], "o-", label="EBT (trained)")
-        ax.plot(
-            steps,
-            [numbers["ebt_untrained"][s] for s in THINKING_STEPS],
-            "s:",
-            color="grey",
-            label="EBT (untrained)",
-        )
-        best = min(numbers["ebt_verified"], key=numbers["ebt_verified"].get)
-        ax.plot(
-            [thinking_steps],
-            [numbers["ebt_verified"][best]],
-            "*",
-            markersize=11,
-            label=f"EBT, best of {best} candidates",
-        )
-        ax.axhline(numbers["feed_forward"], color="C3", ls="--", label="feed-forward transformer")
-        ax.axhline(numbers["mean_row"], color="k", ls="-.", label="mean training row")
-        ax.axvline(thinking_steps, color="C0", alpha=0.25, lw=6, label="steps in training")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(steps, [str(s) for s in THINKING_STEPS])
-        ax.set_yscale("log")
-        ax.set_xlabel("thinking steps")
-        ax.set_ylabel("held-out MSE per pixel")
-        ax.set_title(name, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper right")
-    save(figure, path, "does more thinking lower the error?", fontsize=11)
-
-
-def _plot_completions(path: Path, truth: Any, ebt: Any, ff: Any, paths: Any) -> None:
-    from ..viz._figure import new_figure, save
-
-    truth, ebt, ff, paths = (np.asarray(a) for a in (truth, ebt, ff, paths))
-    n = truth.shape[0]
-    figure = new_figure(figsize=(1.35 * n + 0.8, 6.2))
-    axes = figure.subplots(4, n, squeeze=False, gridspec_kw={"height_ratios": [1, 1, 1, 1.3]})
-    rows = (("held out", truth), ("EBT", ebt), ("feed-forward", ff))
-    for c in range(n):
-        for r, (label, images) in enumerate(rows):
-            ax = axes[r, c]
-            ax.imshow(images[c], cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-            ax.axhline(GIVEN_ROWS - 0.5, color="#e8202a", lw=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c == 0:
-                ax.set_ylabel(label, fontsize=9)
-        ax = axes[3, c]
-        for i, curve in enumerate(paths[c]):
-            ax.plot(curve, lw=1, label=f"row {GIVEN_ROWS + i}")
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=6)
-        if c == 0:
-            ax.set_ylabel("energy $e_t$", fontsize=9)
-    axes[3, -1].legend(fontsize=6)
-    save(
-        figure,
-        path,
-        f"rows {GIVEN_ROWS}-7 completed from the rows above the red line; below, each "
-        "generated row's energy while thinking",
-        fontsize=10,
-    )

@@ -1,6 +1,7 @@
 """Energy-based transformers: a causal transformer that scores (context, candidate) pairs with
 an energy, predictions refined by descending it ("thinking"), training through the descent."""
 
+import dataclasses
 import math
 from typing import Any, Literal
 
@@ -11,9 +12,8 @@ import jax.random as jr
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_shape, positive_int, python_float, shape_str
-from .._energy import AbstractEnergy
-from .._energy._attention import attention_logsumexp
+from .._checks import check_shape, default_dtype, positive_int, python_float, shape_str
+from .._energy import AbstractEnergy, attention_logsumexp
 from .._solver import descend
 
 Implementation = Literal["auto", "naive", "blockwise"]
@@ -96,6 +96,24 @@ class CausalBlock(eqx.Module):
         """The residual update from the heads' outputs `(heads, seq, head_dim)`, then the MLP."""
         u = h + jax.vmap(self.out)(rearrange(attended, "h n d -> n (h d)"))
         return u + jax.vmap(self.mlp)(jax.vmap(self.norm2)(u))
+
+
+def _with_path(model: Any, implementation: str, block_size: int | None) -> Any:
+    if implementation not in ("auto", "naive", "blockwise"):
+        raise ValueError(
+            f"implementation must be 'auto', 'naive' or 'blockwise', got {implementation!r}"
+        )
+    block_size = None if block_size is None else positive_int("block_size", block_size)
+    # Static fields are not leaves: rebuilt through the dataclass, not `eqx.tree_at`.
+    target = model.transformer if isinstance(model, EnergyBasedTransformer) else model
+    changed = object.__new__(type(target))
+    for field in dataclasses.fields(target):
+        object.__setattr__(changed, field.name, getattr(target, field.name))
+    object.__setattr__(changed, "implementation", implementation)
+    object.__setattr__(changed, "block_size", block_size)
+    if target is model:
+        return changed
+    return eqx.tree_at(lambda m: m.transformer, model, changed)
 
 
 def _stack(modules: list[eqx.Module]) -> eqx.Module:
@@ -183,6 +201,12 @@ class CausalTransformer(eqx.Module):
     def depth(self) -> int:
         return jax.tree.leaves(self.blocks)[0].shape[0]
 
+    def with_implementation(
+        self, implementation: Implementation, block_size: int | None = None
+    ) -> "CausalTransformer":
+        """The same model (the same weights) with its attention on another path."""
+        return _with_path(self, implementation, block_size)
+
     def attend(self, q: Array, k: Array, v: Array, own: tuple | None = None) -> Array:
         """Every head's causal attention (`(heads, seq, head_dim)` each)."""
         scale = q.shape[-1] ** -0.5
@@ -258,6 +282,8 @@ class EnergyBasedTransformer(AbstractEnergy):
     - `token_dim`, `max_len`, `dim`, `num_heads`, `depth`, `hidden`, `implementation`,
       `block_size`: as for [`CausalTransformer`][energyattn.models.CausalTransformer].
     - `step_size`: the initial thinking step size $\alpha$ (trained; default 1.0).
+    - `init_scale`: the standard deviation of the noise thinking starts from (default 1.0;
+      the default of `think`, `train_ebt` and `complete`).
     - `key`: PRNG key.
 
     ??? cite "Source"
@@ -269,6 +295,7 @@ class EnergyBasedTransformer(AbstractEnergy):
     transformer: CausalTransformer
     candidate_embed: eqx.nn.Linear
     log_step_size: Float[Array, ""]
+    init_scale: float = eqx.field(static=True)
 
     def __init__(
         self,
@@ -280,11 +307,13 @@ class EnergyBasedTransformer(AbstractEnergy):
         depth: int = 2,
         hidden: int | None = None,
         step_size: float = 1.0,
+        init_scale: float = 1.0,
         implementation: Implementation = "auto",
         block_size: int | None = None,
         key: PRNGKeyArray,
     ):
         tkey, ckey = jr.split(key)
+        self.init_scale = python_float("init_scale", init_scale)
         self.transformer = CausalTransformer(
             token_dim,
             max_len,
@@ -298,7 +327,17 @@ class EnergyBasedTransformer(AbstractEnergy):
             key=tkey,
         )
         self.candidate_embed = eqx.nn.Linear(token_dim, dim, key=ckey)
-        self.log_step_size = jnp.asarray(math.log(python_float("step_size", step_size)))
+        # A strongly typed float: optax's update keeps its type, so the training step is
+        # compiled once (a weakly typed leaf became strong after the first step: recompiled).
+        self.log_step_size = jnp.asarray(
+            math.log(python_float("step_size", step_size)), default_dtype(None)
+        )
+
+    def with_implementation(
+        self, implementation: Implementation, block_size: int | None = None
+    ) -> "EnergyBasedTransformer":
+        """The same model (the same weights) with its attention on another path."""
+        return _with_path(self, implementation, block_size)
 
     @property
     def step_size(self) -> Float[Array, ""]:
@@ -334,7 +373,7 @@ class EnergyBasedTransformer(AbstractEnergy):
         key: PRNGKeyArray,
         num_candidates: int = 1,
         init: Float[ArrayLike, "candidates seq token_dim"] | None = None,
-        init_scale: float = 1.0,
+        init_scale: float | None = None,
         noise_scale: float | None = None,
         return_trajectory: bool = False,
     ) -> "Thought":
@@ -354,7 +393,8 @@ class EnergyBasedTransformer(AbstractEnergy):
         - `key`: PRNG key (starting points and Langevin noise).
         - `num_candidates`: candidates per position (1: no verification).
         - `init`: optional starting points `(num_candidates, seq, token_dim)`, e.g. samples of
-          a replay buffer (default: Gaussian noise of scale `init_scale`).
+          a replay buffer (default: Gaussian noise of scale `init_scale`, by default the
+          model's).
         - `noise_scale`: optional Langevin noise $\sigma$ added after every step.
         - `return_trajectory`: also return every candidate's states along the descent.
 
@@ -368,7 +408,8 @@ class EnergyBasedTransformer(AbstractEnergy):
         init_key, noise_key = jr.split(key)
         shape = (num_candidates, *x.shape)
         if init is None:
-            init = python_float("init_scale", init_scale) * jr.normal(init_key, shape, x.dtype)
+            scale = self.init_scale if init_scale is None else init_scale
+            init = python_float("init_scale", scale) * jr.normal(init_key, shape, x.dtype)
         else:
             init = jnp.asarray(init, x.dtype)
             if init.shape != shape:
@@ -502,24 +543,36 @@ def thinking_steps_for_training(
     model: EnergyBasedTransformer,
     x: Float[Array, "seq token_dim"],
     y0: Float[Array, "seq token_dim"],
-    key: PRNGKeyArray,
+    *,
     num_steps: int,
-    backprop_steps: int,
-    detach: bool,
-    noise_scale: float | None,
+    backprop_steps: int | None = None,
+    detach: bool = False,
+    noise_scale: float | None = None,
+    key: PRNGKeyArray | None = None,
 ) -> Float[Array, "backprop_steps seq token_dim"]:
     r"""The predictions after each of the last `backprop_steps` descent steps, the ones the
     training loss sees and differentiates through.
 
     The first `num_steps - backprop_steps` steps run without derivatives (truncation). With
     `detach`, each differentiated step starts from a detached candidate, so its loss
-    differentiates through that step alone (the paper's default); without, through every
+    differentiates through that step alone (the authors' example configuration's default);
+    without, through every
     differentiated step before it (backpropagation through the unrolled descent, second
-    derivatives of the energy at every step).
+    derivatives of the energy at every step). `backprop_steps` defaults to all the steps;
+    `key` is needed only with Langevin `noise_scale`. This is the loss's inside of
+    [`train_ebt`][energyattn.models.train_ebt], public to build other losses on.
     """
+    num_steps = positive_int("num_steps", num_steps)
+    backprop_steps = num_steps if backprop_steps is None else backprop_steps
+    if not 1 <= backprop_steps <= num_steps:
+        raise ValueError(
+            f"backprop_steps must be from 1 to num_steps={num_steps}, got {backprop_steps}"
+        )
     energy = model.context(x)
     early = num_steps - backprop_steps
-    early_key, late_key = jr.split(key)
+    if noise_scale is not None and key is None:
+        raise ValueError("Langevin noise (noise_scale) needs a key")
+    early_key, late_key = jr.split(jr.key(0) if key is None else key)
 
     def noise(k: Array) -> dict:
         return {} if noise_scale is None else {"noise_scale": noise_scale, "key": k}
@@ -570,9 +623,20 @@ def _ebt_loss(
     replay = isinstance(buffer, ReplayBuffer)  # else `()`: no buffer
     if replay:
         y0 = buffer.starts(buffer_key, y0, replay_ratio)
-    predictions = jax.vmap(
-        thinking_steps_for_training, in_axes=(None, 0, 0, 0, None, None, None, None)
-    )(model, x, y0, jr.split(think_key, batch_size), num_steps, backprop_steps, detach, noise_scale)
+
+    def think(x: Array, y0: Array, key: Array) -> Array:
+        return thinking_steps_for_training(
+            model,
+            x,
+            y0,
+            num_steps=num_steps,
+            backprop_steps=backprop_steps,
+            detach=detach,
+            noise_scale=noise_scale,
+            key=key,
+        )
+
+    predictions = jax.vmap(think)(x, y0, jr.split(think_key, batch_size))
     loss = next_token_error(predictions, x[:, None])
     if replay:
         buffer = buffer.add(jax.lax.stop_gradient(predictions[:, -1]))
@@ -605,7 +669,7 @@ def train_ebt(
     thinking_steps: int = 2,
     backprop_steps: int | None = None,
     detach_steps: bool = False,
-    init_scale: float = 1.0,
+    init_scale: float | None = None,
     noise_scale: float | None = None,
     replay_capacity: int = 0,
     replay_ratio: float = 0.5,
@@ -647,8 +711,9 @@ def train_ebt(
     - `backprop_steps`: the last $K$ steps are differentiated (default: all); the earlier
       ones run without derivatives (truncated backpropagation).
     - `detach_steps`: detach the candidate before every differentiated step, so each step's
-      loss differentiates through that step alone (the paper's default).
-    - `init_scale`: standard deviation of the starting noise.
+      loss differentiates through that step alone (the default of the authors' example
+      configuration, `no_mcmc_detach=False`).
+    - `init_scale`: standard deviation of the starting noise (default: the model's).
     - `noise_scale`: optional Langevin noise $\sigma$ per step.
     - `replay_capacity`: size of the replay buffer (0: none); `replay_ratio`: the probability
       that a candidate starts from it.
@@ -684,7 +749,7 @@ def train_ebt(
         thinking_steps,
         backprop_steps,
         bool(detach_steps),
-        python_float("init_scale", init_scale),
+        python_float("init_scale", model.init_scale if init_scale is None else init_scale),
         noise,
         python_float("replay_ratio", replay_ratio, allow_zero=True),
     )
@@ -791,6 +856,6 @@ def complete(
             predicted = model.think(x, key=jr.fold_in(key, t), **thinking).prediction
         else:
             predicted = model(x)
-        return x.at[t].set(predicted[t - 1])
+        return x.at[t].set(predicted[t - 1].astype(x.dtype))
 
     return jax.lax.fori_loop(start, seq, fill, x)

@@ -20,3 +20,4 @@ from ._spin import (
     plot_spin_landscape as plot_spin_landscape,
     plot_spin_phi as plot_spin_phi,
 )
+from ._thinking import plot_completions as plot_completions, plot_thinking as plot_thinking
