@@ -190,39 +190,36 @@ def test_training_through_thinking_on_the_ring_equals_one_device():
 
 
 def constant_sequences(n, seq, key):
-    """Each sequence repeats one random token: the next token is the last one."""
+    """Each sequence repeats one random token."""
     return jnp.broadcast_to(jr.uniform(key, (n, 1, TOKEN)), (n, seq, TOKEN))
 
 
-def test_a_short_training_beats_the_untrained_model_and_resumes_exactly(tmp_path):
-    data = constant_sequences(96, SEQ, jr.key(5))
-    train, test = data[:64], data[64:]
+def test_training_resumes_exactly_with_its_replay_buffer(tmp_path):
+    data = constant_sequences(32, SEQ, jr.key(5))
     model = make(step_size=0.5)
     kwargs = dict(
         key=jr.key(6),
-        num_steps=24,
-        thinking_steps=2,
-        batch_size=16,
-        learning_rate=3e-2,
+        num_steps=4,
+        batch_size=8,
         init_scale=0.5,
-        replay_capacity=32,
+        replay_capacity=16,
         progress=False,
     )
-    # Stopped at step 12 (after its checkpoint) and resumed: the same model and buffer as one
+    # Stopped at step 2 (after its checkpoint) and resumed: the same model and buffer as one
     # uninterrupted run; nothing is lost.
     path = tmp_path / "ebt.eqx"
 
     def stop(step, loss):
-        if step == 12:
+        if step == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         ea.models.train_ebt(
-            model, train, checkpoint=path, checkpoint_every=12, callback=stop, **kwargs
+            model, data, checkpoint=path, checkpoint_every=2, callback=stop, **kwargs
         )
-    resumed = ea.models.train_ebt(model, train, checkpoint=path, **kwargs)
-    assert resumed.step == 24 and resumed.losses.shape == (12,)
-    straight = ea.models.train_ebt(model, train, **kwargs)
+    resumed = ea.models.train_ebt(model, data, checkpoint=path, **kwargs)
+    assert resumed.step == 4 and resumed.losses.shape == (2,)
+    straight = ea.models.train_ebt(model, data, **kwargs)
     assert (
         max_difference(
             eqx.filter((straight.model, straight.state), eqx.is_array),
@@ -230,21 +227,8 @@ def test_a_short_training_beats_the_untrained_model_and_resumes_exactly(tmp_path
         )
         == 0.0
     )
-    assert int(straight.state.count) == 24 * 16  # the replay buffer saw every prediction
-
-    @eqx.filter_jit
-    def error(model):
-        keys = jr.split(jr.key(7), test.shape[0])
-
-        def think(x, k):
-            return model.think(x, num_steps=2, key=k, init_scale=0.5).prediction
-
-        return ea.models.next_token_error(jax.vmap(think)(test, keys), test)
-
-    trained, untrained = float(error(straight.model)), float(error(model))
-    mean_token = float(jnp.mean(jnp.square(test[:, 1:] - jnp.mean(train, axis=(0, 1)))))
-    # Measured: 0.062 against 0.326 untrained and 0.087 for the mean training token.
-    assert trained < 0.3 * untrained and trained < mean_token, (trained, untrained, mean_token)
+    assert int(straight.state.count) == 4 * 8  # the replay buffer saw every prediction
+    assert not jnp.allclose(straight.state.samples[:8], straight.state.samples[8:16])
 
 
 def test_completion_feeds_each_prediction_back():
@@ -295,7 +279,8 @@ def test_the_ebt_command_trains_evaluates_and_draws(tmp_path, capsys):
     # The command's own code on small sizes (its full run is in the README).
     metrics = run_ebt_demo(
         out,
-        train_steps=2,
+        train_steps=24,
+        learning_rate=3e-2,
         dim=8,
         depth=1,
         batch_size=8,
@@ -310,9 +295,14 @@ def test_the_ebt_command_trains_evaluates_and_draws(tmp_path, capsys):
         assert set(numbers["ebt_verified"]) == {1, 2}
         assert all(v > 0 for v in numbers["ebt"].values())
         assert numbers["feed_forward"] > 0 and numbers["mean_row"] > 0
+    # A short training run beats its untrained self on held-out digits, after 2 thinking steps
+    # (measured: next row 0.147 against 0.452, completion 0.133 against 0.434).
+    for kind in ("next_row_mse", "completion_mse"):
+        numbers = metrics[kind]
+        assert numbers["ebt"][2] < 0.5 * numbers["ebt_untrained"][2], numbers
     flops = metrics["flops_per_sequence"]
     assert flops["ebt_2_steps"] > flops["ebt_1_steps"] > flops["feed_forward"] > 0
-    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 2
+    assert json.loads((out / "metrics.json").read_text())["train_steps"] == 24
     for name in ("thinking.png", "completions.png"):
         image = matplotlib_image.imread(out / name)
         assert image.ndim == 3 and image.std() > 0.05
