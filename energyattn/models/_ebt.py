@@ -13,7 +13,8 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_shape, default_dtype, positive_int, python_float, shape_str
-from .._energy import AbstractEnergy, attention_logsumexp
+from .._energy import AbstractEnergy, attention_logsumexp, select_implementation
+from .._sharding import sequence_axis
 from .._solver import descend
 
 Implementation = Literal["auto", "naive", "blockwise"]
@@ -42,7 +43,18 @@ def causal_attention(
     value of its own, $e^{s(q_i\cdot k'_i + u_i\cdot v'_i)}$ joining the sum (an energy-based
     transformer's candidate attending to the context up to its position and to itself).
     """
-    # Keys and values padded to one width (the values' half of the query is zero anyway).
+    method = select_implementation(
+        implementation,
+        entries=q.shape[0] * k.shape[0],
+        dtype=jnp.result_type(q, k),
+        head_dim=q.shape[-1],
+        structured_mask=True,
+    )
+    if method == "naive" and sequence_axis(q, k) is None:
+        # The same equation written out: plain autodiff of the (seq, seq) scores is what the
+        # naive path is, and its derivatives (of every order, as training through a descent
+        # takes) are smaller programs than those of the log-sum-exp's gradient.
+        return _explicit_causal_attention(q, k, v, scale, own)
     width = v.shape[-1]
 
     def total(u: Array) -> Array:
@@ -51,7 +63,7 @@ def causal_attention(
             jnp.concatenate([k, v], axis=-1),
             beta=scale,
             causal=True,
-            implementation=implementation,
+            implementation=method,
             block_size=block_size,
         )
         if own is not None:
@@ -62,6 +74,21 @@ def causal_attention(
 
     u = jnp.zeros((q.shape[0], width), jnp.result_type(q, v))
     return (jax.grad(total)(u) / scale).astype(v.dtype)
+
+
+def _explicit_causal_attention(q: Array, k: Array, v: Array, scale: float, own: Any) -> Array:
+    """`causal_attention` on the naive path: the masked softmax of the whole score matrix."""
+    acc = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+    seq = q.shape[0]
+    scores = scale * jnp.einsum("sd,md->sm", q, k, preferred_element_type=acc)
+    scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), scores, -jnp.inf)
+    if own is None:
+        return (jax.nn.softmax(scores, axis=-1) @ v.astype(acc)).astype(v.dtype)
+    own_k, own_v = own
+    mine = scale * jnp.sum(q * own_k, axis=-1, dtype=acc)
+    probs = jax.nn.softmax(jnp.concatenate([scores, mine[:, None]], axis=1), axis=-1)
+    out = probs[:, :seq] @ v.astype(acc) + probs[:, seq:] * own_v.astype(acc)
+    return out.astype(v.dtype)
 
 
 class CausalBlock(eqx.Module):
