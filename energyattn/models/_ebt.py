@@ -37,11 +37,15 @@ def causal_attention(
         \log\!\sum_{j\le i} e^{\,s\,[q_i, u_i]\cdot[k_j, v_j]}\Big|_{u = 0}$$
 
     The values ride in an auxiliary half of the keys, and the attention output is the force
-    of the log-sum-exp energy on the matching half of the queries: the package's attention
-    log-sum-exp (naive, blockwise or context-parallel, with its derivatives of every order in
-    O(seq) memory) is all there is. With `own = (k', v')` query $i$ also attends to one key and
-    value of its own, $e^{s(q_i\cdot k'_i + u_i\cdot v'_i)}$ joining the sum (an energy-based
-    transformer's candidate attending to the context up to its position and to itself).
+    of the log-sum-exp energy on the matching half of the queries: on the blockwise and
+    context-parallel paths the package's attention log-sum-exp, with its derivatives of every
+    order in O(seq) memory, is all there is. The naive path (`"auto"` below
+    `BLOCKWISE_THRESHOLD` score entries) writes the left-hand side out, the masked softmax of
+    the `(seq, seq)` scores under plain autodiff, whose higher derivatives are smaller
+    programs; every path gives the same values and derivatives. With `own = (k', v')` query
+    $i$ also attends to one key and value of its own, $e^{s(q_i\cdot k'_i + u_i\cdot v'_i)}$
+    joining the sum (an energy-based transformer's candidate attending to the context up to
+    its position and to itself).
     """
     method = select_implementation(
         implementation,
