@@ -58,5 +58,5 @@ def train_step(
             (params, opt_state), NamedSharding(mesh, PartitionSpec())
         )
     if has_state:
-        return params, opt_state, loss, jax.lax.stop_gradient(state)
+        return params, opt_state, loss, state
     return params, opt_state, loss

@@ -167,7 +167,7 @@ def run_ebt_demo(
         f"digits (scikit-learn, 8x8) as sequences of 8 rows: {len(train)} train / {len(test)} test"
     )
     sizes = dict(dim=dim, num_heads=num_heads, depth=depth)
-    ebt0 = EnergyBasedTransformer(8, 8, key=jr.key(seed), **sizes)
+    ebt0 = EnergyBasedTransformer(8, 8, init_scale=init_scale, key=jr.key(seed), **sizes)
     ff0 = CausalTransformer(8, 8, key=jr.key(seed), **sizes)
     settings = dict(
         key=jr.key(seed + 1),
@@ -183,7 +183,7 @@ def run_ebt_demo(
             "ebt",
             ebt0,
             train_ebt,
-            dict(thinking_steps=thinking_steps, init_scale=init_scale),
+            dict(thinking_steps=thinking_steps),
         ),
         ("feed_forward", ff0, train_next_token, {}),
     ):
@@ -222,8 +222,8 @@ def run_ebt_demo(
 
     evaluate = eqx.filter_jit(_evaluate_ebt)
     grids = (thinking_grid, candidates)
-    ebt_numbers = evaluate(ebt, x, keys, thinking_steps, init_scale, *grids)
-    untrained_numbers = evaluate(ebt0, x, keys, thinking_steps, init_scale, *grids)
+    ebt_numbers = evaluate(ebt, x, keys, thinking_steps, *grids)
+    untrained_numbers = evaluate(ebt0, x, keys, thinking_steps, *grids)
     ff_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff, x)
     ff0_numbers = eqx.filter_jit(_evaluate_feed_forward)(ff0, x)
 
@@ -246,7 +246,7 @@ def run_ebt_demo(
         table("completion"),
         mean_row=float(jnp.mean(jnp.square(mean_row[None, GIVEN_ROWS:] - x[:, GIVEN_ROWS:]))),
     )
-    metrics["flops_per_sequence"] = _flops(ebt, ff, x[0], thinking_steps, init_scale, thinking_grid)
+    metrics["flops_per_sequence"] = _flops(ebt, ff, x[0], thinking_steps, thinking_grid)
 
     plot_thinking(
         {
@@ -257,8 +257,8 @@ def run_ebt_demo(
         trained_steps=thinking_steps,
     )
     shown = x[:8]
-    ebt_filled, paths = eqx.filter_jit(jax.vmap(_energy_paths, in_axes=(None, 0, 0, None, None)))(
-        ebt, shown, keys[:8], max(thinking_grid), init_scale
+    ebt_filled, paths = eqx.filter_jit(jax.vmap(_energy_paths, in_axes=(None, 0, 0, None)))(
+        ebt, shown, keys[:8], max(thinking_grid)
     )
     ff_filled = jax.vmap(lambda x: complete(ff, x, GIVEN_ROWS))(shown)
     plot_completions(
@@ -277,10 +277,11 @@ def _chosen(energy: Any, states: Any, candidates: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
+    from ..models import lowest_per_position
+
     energies = jax.vmap(energy.energies)(states)
     energies = jnp.where(jnp.arange(states.shape[0])[:, None] < candidates, energies, jnp.inf)
-    best = jnp.argmin(energies, axis=0)
-    return jnp.take_along_axis(states, best[None, :, None], axis=0)[0]
+    return lowest_per_position(states, energies)
 
 
 def _evaluate_ebt(
@@ -288,7 +289,6 @@ def _evaluate_ebt(
     x: Any,
     keys: Any,
     thinking_steps: int,
-    init_scale: float,
     thinking_grid: tuple[int, ...],
     candidates: tuple[int, ...],
 ) -> dict[str, Any]:
@@ -308,7 +308,6 @@ def _evaluate_ebt(
             num_steps=steps,
             key=key,
             num_candidates=candidates,
-            init_scale=init_scale,
             return_trajectory=True,
         )
         return thought.trajectory  # (candidates, steps + 1, seq, token_dim)
@@ -365,7 +364,7 @@ def _evaluate_feed_forward(model: Any, x: Any) -> dict[str, Any]:
     }
 
 
-def _energy_paths(model: Any, x: Any, key: Any, steps: int, init_scale: float) -> tuple[Any, Any]:
+def _energy_paths(model: Any, x: Any, key: Any, steps: int) -> tuple[Any, Any]:
     """`complete(model, x, GIVEN_ROWS, ...)` with one candidate, and the energy of each
     generated row at every thinking step, `(rows, steps + 1)`."""
     import jax
@@ -378,7 +377,6 @@ def _energy_paths(model: Any, x: Any, key: Any, steps: int, init_scale: float) -
             x,
             num_steps=steps,
             key=jr.fold_in(key, t),
-            init_scale=init_scale,
             return_trajectory=True,
         )
         energies = jax.vmap(model.context(x).energies)(thought.trajectory[0])[:, t - 1]
@@ -433,7 +431,7 @@ def _sub_jaxprs(params: dict) -> list[Any]:
 
 
 def _flops(
-    ebt: Any, ff: Any, x: Any, thinking_steps: int, init_scale: float, grid: tuple[int, ...]
+    ebt: Any, ff: Any, x: Any, thinking_steps: int, grid: tuple[int, ...]
 ) -> dict[str, float]:
     """Matrix-product flops to predict every next row of one sequence (`_matmul_flops`)."""
     import jax.random as jr
@@ -442,7 +440,7 @@ def _flops(
     for steps in sorted({1, thinking_steps, max(grid)}):
 
         def think(x: Any, steps: int = steps) -> Any:
-            return ebt.think(x, num_steps=steps, key=jr.key(0), init_scale=init_scale).prediction
+            return ebt.think(x, num_steps=steps, key=jr.key(0)).prediction
 
         counts[f"ebt_{steps}_steps"] = float(_matmul_flops(think, x))
     return counts

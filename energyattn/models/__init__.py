@@ -21,6 +21,7 @@ from ._ebt import (
     Thought as Thought,
     causal_attention as causal_attention,
     complete as complete,
+    lowest_per_position as lowest_per_position,
     next_token_error as next_token_error,
     thinking_steps_for_training as thinking_steps_for_training,
     train_ebt as train_ebt,

@@ -16,6 +16,7 @@ from .._checks import check_shape, default_dtype, positive_int, python_float, sh
 from .._energy import AbstractEnergy, attention_logsumexp, select_implementation
 from .._sharding import sequence_axis
 from .._solver import descend
+from ._training import TrainResult, fit
 
 Implementation = Literal["auto", "naive", "blockwise"]
 
@@ -129,11 +130,16 @@ class CausalBlock(eqx.Module):
         return u + jax.vmap(self.mlp)(jax.vmap(self.norm2)(u))
 
 
-def _with_path(model: Any, implementation: str, block_size: int | None) -> Any:
+def _check_path(implementation: str) -> str:
     if implementation not in ("auto", "naive", "blockwise"):
         raise ValueError(
             f"implementation must be 'auto', 'naive' or 'blockwise', got {implementation!r}"
         )
+    return implementation
+
+
+def _with_path(model: Any, implementation: str, block_size: int | None) -> Any:
+    implementation = _check_path(implementation)
     block_size = None if block_size is None else positive_int("block_size", block_size)
     # Static fields are not leaves: rebuilt through the dataclass, not `eqx.tree_at`.
     target = model.transformer if isinstance(model, EnergyBasedTransformer) else model
@@ -206,11 +212,7 @@ class CausalTransformer(eqx.Module):
         if dim % self.num_heads:
             raise ValueError(f"num_heads={num_heads} must divide dim={dim}")
         hidden = 4 * dim if hidden is None else positive_int("hidden", hidden)
-        if implementation not in ("auto", "naive", "blockwise"):
-            raise ValueError(
-                f"implementation must be 'auto', 'naive' or 'blockwise', got {implementation!r}"
-            )
-        self.implementation = implementation
+        self.implementation = _check_path(implementation)
         self.block_size = None if block_size is None else positive_int("block_size", block_size)
         keys = jr.split(key, depth + 3)
         self.embed = eqx.nn.Linear(token_dim, dim, key=keys[0])
@@ -466,9 +468,17 @@ class EnergyBasedTransformer(AbstractEnergy):
         candidates, final, energies, trajectory = jax.vmap(one)(
             init, jr.split(noise_key, num_candidates)
         )
-        best = jnp.argmin(final, axis=0)  # per position
-        prediction = jnp.take_along_axis(candidates, best[None, :, None], axis=0)[0]
+        prediction = lowest_per_position(candidates, final)
         return Thought(prediction, candidates, final, energies, trajectory)
+
+
+def lowest_per_position(
+    candidates: Float[Array, "candidates seq token_dim"], energies: Float[Array, "candidates seq"]
+) -> Float[Array, "seq token_dim"]:
+    """Self-verification: at every position, the candidate of lowest energy $e_t$ (one choice
+    per position, valid because $e_t$ depends on the candidate at $t$ alone)."""
+    best = jnp.argmin(energies, axis=0)
+    return jnp.take_along_axis(candidates, best[None, :, None], axis=0)[0]
 
 
 class EBTContext(AbstractEnergy):
@@ -603,9 +613,9 @@ def thinking_steps_for_training(
     early = num_steps - backprop_steps
     if noise_scale is not None and key is None:
         raise ValueError("Langevin noise (noise_scale) needs a key")
-    early_key, late_key = jr.split(jr.key(0) if key is None else key)
+    early_key, late_key = (None, None) if noise_scale is None else jr.split(key)
 
-    def noise(k: Array) -> dict:
+    def noise(k: Array | None) -> dict:
         return {} if noise_scale is None else {"noise_scale": noise_scale, "key": k}
 
     y = y0
@@ -625,13 +635,14 @@ def thinking_steps_for_training(
         )
         return solution.trajectory[1:]
 
-    def step(y: Array, k: Array) -> tuple[Array, Array]:
+    def step(y: Array, k: Array | None) -> tuple[Array, Array]:
         y = descend(
             energy, jax.lax.stop_gradient(y), step_size=model.step_size, num_steps=1, **noise(k)
         ).value
         return y, y
 
-    _, predictions = jax.lax.scan(step, y, jr.split(late_key, backprop_steps))
+    keys = None if late_key is None else jr.split(late_key, backprop_steps)
+    _, predictions = jax.lax.scan(step, y, keys, length=backprop_steps)
     return predictions
 
 
@@ -761,8 +772,6 @@ def train_ebt(
         A. Gladstone et al., *Energy-Based Transformers are Scalable Learners and Thinkers*
         (2025).
     """
-    from ._training import TrainResult, fit
-
     sequences = _check_sequences(model.transformer, sequences, batch_size)
     thinking_steps = positive_int("thinking_steps", thinking_steps)
     backprop_steps = thinking_steps if backprop_steps is None else backprop_steps
@@ -839,8 +848,6 @@ def train_next_token(
     an energy-based transformer): $\min_\theta \mathbb E_x \lVert f_\theta(x)_{<T} -
     x_{>1}\rVert^2$, on the loop and with the arguments of
     [`train_ebt`][energyattn.models.train_ebt]."""
-    from ._training import fit
-
     sequences = _check_sequences(model, sequences, batch_size)
     return fit(
         model,
