@@ -29,6 +29,7 @@ BENCHMARKS = {
     "derivatives": "forward mode and second derivatives of blockwise attention, before/after",
     "spin_saddle": "the vector-spin saddle point in multiples of one Cholesky",
     "smt": "spin-model transformer attention vs softmax attention; Anderson vs Picard",
+    "adjoint_solve": "dense vs matrix-free implicit adjoint: where the automatic choice switches",
     "ebt_memory": "training an energy-based transformer through its thinking: memory, paths",
 }
 

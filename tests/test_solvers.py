@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
+from energyattn._solver import _linear
 
 TIGHT = dict(rtol=1e-13, atol=1e-13)
 PICARD, ANDERSON = ea.Picard(**TIGHT), ea.Anderson(**TIGHT)
@@ -773,3 +774,63 @@ def test_matrix_free_adjoint_is_relative_to_the_gradients_scale():
     small, unit = grad(x, 1e-6), grad(x, 1.0)
     assert float(jnp.linalg.norm(unit)) > 1e-4
     np.testing.assert_allclose(small, 1e-6 * unit, rtol=1e-3, atol=1e-12)
+
+
+def test_gmres_stops_as_soon_as_the_residual_is_small():
+    """Issue 34: GMRES spends no product beyond its tolerance (JAX's batched GMRES took
+    `restart` products per cycle whatever the system). On I + a rank-3 matrix the Krylov
+    space holds the solution after 4 products; with restart 3 it converges by cycles;
+    under vmap each example gets its own solution; `max_steps` caps the products."""
+    from energyattn._solver._krylov import gmres
+
+    rng = np.random.default_rng(0)
+    A = jnp.eye(40) + jnp.asarray(rng.normal(size=(40, 3)) @ rng.normal(size=(3, 40)) / 3)
+    b = jnp.asarray(rng.normal(size=(3, 40)))
+    products = []
+
+    def matvec(v):
+        jax.debug.callback(lambda: products.append(1))
+        return A @ v
+
+    @jax.jit
+    def solve(b):
+        return gmres(matvec, b, tol=1e-12, atol=0.0, restart=20, max_steps=100)
+
+    x = solve(b[0])
+    np.testing.assert_allclose(A @ x, b[0], atol=1e-12)
+    assert len(products) <= 5  # 4 Arnoldi steps and the true residual
+    B = 3 * jnp.eye(40) + jnp.asarray(rng.normal(size=(40, 40)) / np.sqrt(40))
+    x = jax.vmap(lambda b: gmres(B.__matmul__, b, tol=1e-12, atol=0.0, restart=3, max_steps=200))(b)
+    np.testing.assert_allclose(x, np.linalg.solve(B, b.T).T, atol=1e-10)
+    products.clear()
+    slow = jnp.linspace(0.01, 1.0, 100)  # a spread spectrum: slow convergence
+
+    def slow_matvec(v):
+        jax.debug.callback(lambda: products.append(1))
+        return slow * v
+
+    gmres(slow_matvec, jnp.ones(100), tol=1e-12, atol=0.0, restart=5, max_steps=12)
+    assert len(products) <= 12 + 3  # the cap, and the true residual after each cycle
+
+
+@pytest.mark.parametrize(
+    "symmetric, limit",
+    [(False, _linear.DENSE_ADJOINT_LIMIT), (True, _linear.DENSE_ADJOINT_LIMIT_SYMMETRIC)],
+)
+def test_the_automatic_adjoint_is_dense_up_to_its_measured_limit(symmetric, limit):
+    """Issue 34: the default linear solve of the implicit adjoint builds the n x n matrix
+    (LU / Cholesky) up to the measured limit, and is matrix-free (GMRES / CG) above."""
+
+    def program(n):
+        matvec = lambda v: 2 * v + 0.1 * (jnp.roll(v, 1) + jnp.roll(v, -1))  # noqa: E731
+        solve = lambda b: ea.AutoLinearSolver().solve(  # noqa: E731
+            matvec, b, symmetric=symmetric, factor=None, throw=False
+        )
+        b = jnp.linspace(0.1, 0.2, n)
+        np.testing.assert_allclose(matvec(jax.jit(solve)(b)), b, rtol=1e-6)
+        return str(jax.make_jaxpr(solve)(b))
+
+    factorise = "cholesky" if symmetric else "lu_pivots"  # in the printed program
+    dense, matrix_free = program(limit), program(limit + 1)
+    assert factorise in dense and "while" not in dense
+    assert factorise not in matrix_free and "while" in matrix_free

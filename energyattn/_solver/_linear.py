@@ -7,9 +7,9 @@ a function $v \mapsto Av$ (a Jacobian-vector product): dense solvers build the m
 it once per call, Krylov solvers never do.
 
 Why not lineax: `lax.custom_linear_solve` is core JAX and does everything the adjoint
-needs (differentiation, transposition, `vmap`); the dense factorisations and JAX's own
-GMRES and CG cover the sizes we meet, and one fewer dependency is one fewer thing that can
-break with a JAX release.
+needs (differentiation, transposition, `vmap`); the dense factorisations, JAX's CG and a
+short GMRES of our own (`_krylov.py`) cover the sizes we meet, and one fewer dependency is
+one fewer thing that can break with a JAX release.
 """
 
 import abc
@@ -26,13 +26,26 @@ from jaxtyping import Array, Float
 from .._checks import positive_int, python_float
 from .._linalg import cholesky_solve, upper_cholesky
 from ._iterate import AbstractProblem, default_tolerance, rms
+from ._krylov import gmres
 
 Flat = Float[Array, " n"]
 MatVec = Callable[[Flat], Flat]
 ProblemType = type[AbstractProblem]
 
-#: Up to this many unknowns the automatic choice builds the matrix and factorises it.
+#: Up to this many unknowns a dense Newton step of the forward solvers builds the Jacobian
+#: (`Newton(jacobian="auto")`): it is built at every step anyway, and factorised once.
 DENSE_LIMIT = 512
+
+#: Up to this many unknowns the implicit adjoint's automatic choice builds the matrix (n
+#: Jacobian-vector products) and factorises it, for a general (LU) and a symmetric
+#: (Cholesky) system; above, matrix-free GMRES / CG. Measured on the package's implicit
+#: layers by benchmarks/adjoint_solve.py (gradient of a vmapped batch of 32, float32, one CPU
+#: core; dense / matrix-free time): spin-model transformer heads 1.12 / 1.41 / 2.1 / 4.6 / 23
+#: at 12 / 24 / 48 / 102 / 198 unknowns; deep implicit attention (neural mean field) 0.80 /
+#: 0.90 / 1.10 / 2.0 / 3.5 at 8 / 16 / 32 / 64 / 128; a minimum (Cholesky against CG) 1.03 /
+#: 1.13 / 1.07 / 1.7 / 2.9 / 7.7 at 8 / 16 / 32 / 64 / 128 / 256.
+DENSE_ADJOINT_LIMIT = 16
+DENSE_ADJOINT_LIMIT_SYMMETRIC = 8
 
 #: The system a failed solve names when the problem is not known: A is the Jacobian of the
 #: residual at the solution.
@@ -210,7 +223,8 @@ class _Krylov(AbstractLinearSolver):
 
 
 class GMRES(_Krylov):
-    """Restarted GMRES (`jax.scipy.sparse.linalg.gmres`): matrix-free, for large systems.
+    """Restarted GMRES: matrix-free, for large systems. It stops as soon as the residual is
+    small enough, inside a restart cycle too.
 
     Solves for $b$ scaled to $\\operatorname{rms}(b) = 1$ (and scales back), and stops when
     $\\operatorname{rms}(Ax - b) \\le (\\text{atol} + \\text{rtol})
@@ -225,20 +239,16 @@ class GMRES(_Krylov):
     max_steps: int = eqx.field(default=200, static=True)
 
     def _run(self, operator, rhs, rtol, atol):
+        # The test ||r||_2 <= max(rtol ||b||_2, atol'): in rms terms atol' is atol * sqrt(n).
         n = rhs.shape[0]
-        restart = min(self.restart, n)
-        # GMRES's own test is ||r||_2 <= max(tol ||b||_2, atol'): in rms terms atol' is
-        # atol * sqrt(n). `maxiter` counts restarts.
-        x, _ = jax.scipy.sparse.linalg.gmres(
+        return gmres(
             operator,
             rhs,
             tol=rtol,
             atol=atol * float(np.sqrt(n)),
-            restart=restart,
-            maxiter=max(1, -(-self.max_steps // restart)),
-            solve_method="batched",
+            restart=self.restart,
+            max_steps=self.max_steps,
         )
-        return x
 
 
 class CG(_Krylov):
@@ -260,16 +270,26 @@ class CG(_Krylov):
 
 class AutoLinearSolver(AbstractLinearSolver):
     """The default: reuse the forward solver's factorisation when it left one (Newton's
-    Cholesky or LU at its last iterate), else dense ([`Cholesky`][energyattn.Cholesky] for
-    minima, [`LU`][energyattn.LU] otherwise) up to `DENSE_LIMIT` = 512 unknowns, else
-    matrix-free ([`CG`][energyattn.CG] / [`GMRES`][energyattn.GMRES])."""
+    Cholesky or LU at its last iterate); else dense ([`LU`][energyattn.LU]) up to 16
+    unknowns and matrix-free ([`GMRES`][energyattn.GMRES]) above, or for the symmetric
+    Hessian of a minimum dense ([`Cholesky`][energyattn.Cholesky]) up to 8 unknowns and
+    [`CG`][energyattn.CG] above.
+
+    The limits are where the two cost the same on the package's implicit layers: building a
+    dense matrix takes $n$ products with the operator and $O(n^3)$ to factorise, a Krylov
+    solve takes as many products as its iterations, about as many as the forward solve's.
+    For a batch of 32 on one CPU core, the gradient of a spin-model transformer head with
+    102 unknowns takes 4.6x longer dense than with GMRES, and with 198 unknowns 23x; a
+    minimum of 64 unknowns 1.7x longer with Cholesky than with CG (the table is in
+    `benchmarks/README.md`). Pass `ea.LU()` or `ea.Cholesky()` for exact solves at any size."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
         if factor is not None:
             if symmetric:
                 return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw, problem)
             return _lu_solve(matvec, b, factor, "an LU factor", throw, problem)
-        if b.shape[0] <= DENSE_LIMIT:
+        limit = DENSE_ADJOINT_LIMIT_SYMMETRIC if symmetric else DENSE_ADJOINT_LIMIT
+        if b.shape[0] <= limit:
             dense = Cholesky() if symmetric else LU()
             return dense.solve(
                 matvec, b, symmetric=symmetric, factor=None, throw=throw, problem=problem

@@ -98,10 +98,9 @@ class Newton(AbstractLineSearchSolver):
       `krylov_steps` products per step, each solved to the relative residual
       $\min(\tfrac12, \sqrt{\operatorname{rms}(r)})$ (an inexact Newton step). For minima,
       "positive definite" then means positive curvature along every Krylov direction met.
-    - `"auto"` (default): dense up to 512 unknowns (`DENSE_LIMIT`, as the implicit
-      adjoint), matrix-free above. An attention layer's state (tokens x width) is
-      usually far above it; every product then goes through the blockwise attention
-      passes in forward mode, with O(seq) memory.
+    - `"auto"` (default): dense up to 512 unknowns (`DENSE_LIMIT`), matrix-free above. An
+      attention layer's state (tokens x width) is usually far above it; every product then
+      goes through the blockwise attention passes in forward mode, with O(seq) memory.
 
     Stops when the proposed step is small, $\operatorname{rms}(d) \le \text{atol} +
     \text{rtol}\operatorname{rms}(y)$ (matrix-free: and its Krylov solve met its tolerance),
