@@ -59,12 +59,25 @@ def test_row_functions():
         )
 
 
-def test_tap_update_matches_the_written_sums(ref):
+@pytest.mark.parametrize("fused", [True, False])
+def test_tap_update_matches_the_written_sums(ref, fused, monkeypatch):
     """The matrix-product form of f equals the double sums of the equation, written out per
-    spin with g0 carrying the updated spin's index i (the reference's convention)."""
+    spin with g0 carrying the updated spin's index i (the reference's convention): with its
+    small products fused (broadcast and sum, the fixture's size) and as matrix products."""
+    from energyattn._energy import _smt
+
+    if not fused:
+        monkeypatch.setattr(_smt, "FUSED_PRODUCT_LIMIT", 0)
     x, J, beta, R = ref["x"], ref["J"], float(ref["beta"]), float(ref["R"])
     m1, m0 = ref["m_star_tight"], 0.9 * ref["m0"]
     f = np.asarray(jax.jit(sp.smt_tap_update)(m1, m0, x, J, beta=beta, R=R))
+    xj, Jj = jnp.asarray(x), jnp.asarray(J)
+    steady = jax.jit(lambda m: _smt.tap_field(m, m, xj, Jj, jnp.square(Jj), beta=beta, R=R))
+    for same in (m1, m0):  # the steady state's map: one array as both (its field computed once)
+        g = steady(jnp.asarray(same))
+        np.testing.assert_allclose(
+            g, sp.smt_tap_update(same, same, x, J, beta=beta, R=R), rtol=1e-13
+        )
 
     def inv(m):
         return 2 * R**2 * m / (beta * (R**2 - np.sum(m**2)))

@@ -70,6 +70,7 @@ from ._smt import (
     smt_phi as smt_phi,
     smt_phi_inverse as smt_phi_inverse,
     smt_tap_update as smt_tap_update,
+    tap_field as tap_field,
 )
 from ._spin import (
     Mode as Mode,

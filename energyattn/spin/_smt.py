@@ -8,7 +8,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_positive, check_shape, positive_int
 from .._custom_types import ScalarLike
-from .._energy import smt_phi, smt_tap_update
+from .._energy import smt_phi, tap_field
 from .._solver import (
     RESULTS,
     AbstractAdjoint,
@@ -23,8 +23,9 @@ DEFAULT_SOLVER = Anderson(rtol=1e-5, atol=1e-6, history=5)
 
 
 def _tap_map(m: Array, args: tuple) -> Array:
-    x, J, beta, R = args
-    return smt_phi(smt_tap_update(m, m, x, J, beta=beta, R=R), beta=beta, R=R)
+    """$\varphi(f(m, m))$; `args` carries $K = J \\circ J$, computed once per solve."""
+    x, J, K, beta, R = args
+    return smt_phi(tap_field(m, m, x, J, K, beta=beta, R=R), beta=beta, R=R)
 
 
 def smt_steady_state(
@@ -98,7 +99,7 @@ def smt_steady_state(
     solution = fixed_point(
         _tap_map,
         start,
-        (x, J, beta, R),
+        (x, J, jnp.square(J), beta, R),
         solver=DEFAULT_SOLVER if solver is None else solver,
         adjoint=adjoint,
         max_steps=max_steps,
