@@ -43,9 +43,19 @@ DENSE_LIMIT = 512
 #: core; dense / matrix-free time): spin-model transformer heads 1.12 / 1.41 / 2.1 / 4.6 / 23
 #: at 12 / 24 / 48 / 102 / 198 unknowns; deep implicit attention (neural mean field) 0.80 /
 #: 0.90 / 1.10 / 2.0 / 3.5 at 8 / 16 / 32 / 64 / 128; a minimum (Cholesky against CG) 1.03 /
-#: 1.13 / 1.07 / 1.7 / 2.9 / 7.7 at 8 / 16 / 32 / 64 / 128 / 256.
-DENSE_ADJOINT_LIMIT = 16
-DENSE_ADJOINT_LIMIT_SYMMETRIC = 8
+#: 1.13 / 1.07 / 1.7 / 2.9 / 7.7 at 8 / 16 / 32 / 64 / 128 / 256. On a GPU (one H200, JAX
+#: 0.11.2) the n products of a dense matrix run in parallel: spin-model transformer heads
+#: 0.57 / 0.58 / 0.58 / 0.81 / 1.37 at 12 / 24 / 48 / 102 / 198, mean field 0.52 / 0.36 / 0.38
+#: / 0.27 / 0.37 up to 128, a minimum 1.02 / 0.95 / 1.00 / 1.04 / 1.13 / 1.45 up to 256.
+#: (general, symmetric) per platform; a TPU is taken to be like a GPU (not measured).
+DENSE_ADJOINT_LIMITS = {"cpu": (16, 8), "accelerator": (128, 64)}
+
+
+def dense_adjoint_limit(symmetric: bool) -> int:
+    """Up to how many unknowns the automatic adjoint solve is dense, on the default backend."""
+    platform = "cpu" if jax.default_backend() == "cpu" else "accelerator"
+    return DENSE_ADJOINT_LIMITS[platform][int(symmetric)]
+
 
 #: The system a failed solve names when the problem is not known: A is the Jacobian of the
 #: residual at the solution.
@@ -273,23 +283,24 @@ class AutoLinearSolver(AbstractLinearSolver):
     Cholesky or LU at its last iterate); else dense ([`LU`][energyattn.LU]) up to 16
     unknowns and matrix-free ([`GMRES`][energyattn.GMRES]) above, or for the symmetric
     Hessian of a minimum dense ([`Cholesky`][energyattn.Cholesky]) up to 8 unknowns and
-    [`CG`][energyattn.CG] above.
+    [`CG`][energyattn.CG] above, when JAX's default backend is the CPU; on a GPU (or TPU),
+    where the products that build a dense matrix run in parallel, up to 128 and 64.
 
     The limits are where the two cost the same on the package's implicit layers: building a
     dense matrix takes $n$ products with the operator and $O(n^3)$ to factorise, a Krylov
     solve takes as many products as its iterations, about as many as the forward solve's.
     For a batch of 32 on one CPU core, the gradient of a spin-model transformer head with
     102 unknowns takes 4.6x longer dense than with GMRES, and with 198 unknowns 23x; a
-    minimum of 64 unknowns 1.7x longer with Cholesky than with CG (the table is in
-    `benchmarks/README.md`). Pass `ea.LU()` or `ea.Cholesky()` for exact solves at any size."""
+    minimum of 64 unknowns 1.7x longer with Cholesky than with CG; on an H200 the dense
+    solve is faster up to about 128 unknowns (the tables are in `benchmarks/README.md`).
+    Pass `ea.LU()` or `ea.Cholesky()` for exact solves at any size."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
         if factor is not None:
             if symmetric:
                 return _cholesky_solve(matvec, b, factor, "a Cholesky factor", throw, problem)
             return _lu_solve(matvec, b, factor, "an LU factor", throw, problem)
-        limit = DENSE_ADJOINT_LIMIT_SYMMETRIC if symmetric else DENSE_ADJOINT_LIMIT
-        if b.shape[0] <= limit:
+        if b.shape[0] <= dense_adjoint_limit(symmetric):
             dense = Cholesky() if symmetric else LU()
             return dense.solve(
                 matvec, b, symmetric=symmetric, factor=None, throw=throw, problem=problem
