@@ -22,9 +22,8 @@ from .._custom_types import ScalarLike
 
 #: Up to this many multiply-adds a product of `tap_field` is a broadcast multiply and a sum,
 #: which XLA fuses with the elementwise work around it, instead of a matrix product (a call
-#: of its own). One map, vmapped over 128 heads, on one CPU core (matrix products /
-#: fused, in us): 17 spins of dimension 6 (1734 multiply-adds per product) 502 / 241,
-#: 25 x 8 (5000) 901 / 420, 33 x 6 (6534) 1508 / 1676, 65 x 16 (67600) 8968 / 51392.
+#: of its own): the faster of the two on one CPU core below it, the slower above (measured
+#: in benchmarks/README.md, "Spin-model transformer attention").
 FUSED_PRODUCT_LIMIT = 5000
 
 

@@ -38,16 +38,10 @@ DENSE_LIMIT = 512
 
 #: Up to this many unknowns the implicit adjoint's automatic choice builds the matrix (n
 #: Jacobian-vector products) and factorises it, for a general (LU) and a symmetric
-#: (Cholesky) system; above, matrix-free GMRES / CG. Measured on the package's implicit
-#: layers by benchmarks/adjoint_solve.py (gradient of a vmapped batch of 32, float32, one CPU
-#: core; dense / matrix-free time): spin-model transformer heads 1.12 / 1.41 / 2.1 / 4.6 / 23
-#: at 12 / 24 / 48 / 102 / 198 unknowns; deep implicit attention (neural mean field) 0.80 /
-#: 0.90 / 1.10 / 2.0 / 3.5 at 8 / 16 / 32 / 64 / 128; a minimum (Cholesky against CG) 1.03 /
-#: 1.13 / 1.07 / 1.7 / 2.9 / 7.7 at 8 / 16 / 32 / 64 / 128 / 256. On a GPU (one H200, JAX
-#: 0.11.2) the n products of a dense matrix run in parallel: spin-model transformer heads
-#: 0.57 / 0.58 / 0.58 / 0.81 / 1.37 at 12 / 24 / 48 / 102 / 198, mean field 0.52 / 0.36 / 0.38
-#: / 0.27 / 0.37 up to 128, a minimum 1.02 / 0.95 / 1.00 / 1.04 / 1.13 / 1.45 up to 256.
-#: (general, symmetric) per platform; a TPU is taken to be like a GPU (not measured).
+#: (Cholesky) system; above, matrix-free GMRES / CG. (general, symmetric) per platform: where
+#: the two cost the same on the package's implicit layers, measured on one CPU core and on
+#: one GPU by benchmarks/adjoint_solve.py (the tables are in benchmarks/README.md, "Dense or
+#: matrix-free implicit adjoint"); a TPU is taken to be like a GPU (not measured).
 DENSE_ADJOINT_LIMITS = {"cpu": (16, 8), "accelerator": (128, 64)}
 
 
