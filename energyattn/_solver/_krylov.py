@@ -45,9 +45,9 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
     $\min_y\lVert\beta e_1 - H_k y\rVert$ is known at every step and the cycle stops as
     soon as it is small enough: no product is spent beyond the tolerance (JAX's
     `solve_method="batched"` always takes `restart`; its `"incremental"` one stops too, but
-    its nested loops take about 1.5x as long to compile). No LAPACK call per step, which
-    under `vmap` would be one call per example: the spin-model transformer's backward pass
-    took twice as long with a QR factorisation of $H_k$ at every step.
+    its nested loops take longer to compile). No LAPACK call per step, which under `vmap`
+    would be one call per example (the measurements are in benchmarks/README.md,
+    "Spin-model transformer attention").
 
     ??? cite "Source"
 
