@@ -139,8 +139,9 @@ def root_direction(
     def solve(matvec, b):
         return gmres(matvec, b, tol=eta, atol=0.0, restart=restart, max_steps=max_steps)
 
-    # Solved for a unit right-hand side and scaled back: JAX's GMRES has absolute
-    # breakdown thresholds, which a residual near round-off (1e-17) would trip.
+    # Solved for a unit right-hand side and scaled back, so that a residual near round-off
+    # (1e-17) meets a relative tolerance, not a breakdown threshold (JAX's GMRES, used here
+    # before, had absolute ones).
     zero = jnp.all(residual == 0)
     norm = jnp.where(zero, 0, jnp.linalg.norm(jnp.where(zero, 1, residual)))  # safe at 0
     unit = residual / jnp.where(zero, 1, norm)
