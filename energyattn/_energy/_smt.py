@@ -151,7 +151,9 @@ def smt_tap_update(
     other indexing; it is not offered.
 
     The sums are computed as matrix products ($K$, $K \circ (m_1 m_0^\top)$,
-    $K(R^2 - \lVert m_0\rVert^2)$), in $O(N^2 D)$ without any $N \times N \times D$ array.
+    $K(R^2 - \lVert m_0\rVert^2)$), in $O(N^2 D)$; a small one (at most
+    `FUSED_PRODUCT_LIMIT` multiply-adds) as a broadcast multiply and a sum that XLA fuses with
+    its neighbours, so an $N \times N \times D$ intermediate appears only at small sizes.
 
     **Arguments:**
 

@@ -74,8 +74,8 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
         zeros = jnp.zeros(m, dtype)
 
         def cond(carry):
-            k, *_, steps = carry
-            return (k < m) & (jnp.abs(carry[4][k]) > target) & (steps < max_steps)
+            k, _, _, _, g, steps = carry  # |g[k]|: the residual after k steps
+            return (k < m) & (jnp.abs(g[k]) > target) & (steps < max_steps)
 
         def body(carry):
             k, basis, R, rotations, g, steps = carry
