@@ -580,6 +580,17 @@ def _frozen(tree: PyTree) -> PyTree:
     return eqx.combine(jax.lax.stop_gradient(arrays), rest)
 
 
+def _backprop_steps(backprop_steps: int | None, steps: int, name: str) -> int:
+    """The differentiated steps, from 1 to all `steps` (the default); `name` is the caller's
+    name for `steps`."""
+    if backprop_steps is None:
+        return steps
+    backprop_steps = positive_int("backprop_steps", backprop_steps)
+    if backprop_steps > steps:
+        raise ValueError(f"backprop_steps={backprop_steps} exceeds {name}={steps}")
+    return backprop_steps
+
+
 def thinking_steps_for_training(
     model: EnergyBasedTransformer,
     x: Float[Array, "seq token_dim"],
@@ -604,11 +615,7 @@ def thinking_steps_for_training(
     [`train_ebt`][energyattn.models.train_ebt], public to build other losses on.
     """
     num_steps = positive_int("num_steps", num_steps)
-    backprop_steps = num_steps if backprop_steps is None else backprop_steps
-    if not 1 <= backprop_steps <= num_steps:
-        raise ValueError(
-            f"backprop_steps must be from 1 to num_steps={num_steps}, got {backprop_steps}"
-        )
+    backprop_steps = _backprop_steps(backprop_steps, num_steps, "num_steps")
     energy = model.context(x)
     early = num_steps - backprop_steps
     if noise_scale is not None and key is None:
@@ -774,10 +781,7 @@ def train_ebt(
     """
     sequences = _check_sequences(model.transformer, sequences, batch_size)
     thinking_steps = positive_int("thinking_steps", thinking_steps)
-    backprop_steps = thinking_steps if backprop_steps is None else backprop_steps
-    backprop_steps = positive_int("backprop_steps", backprop_steps)
-    if backprop_steps > thinking_steps:
-        raise ValueError(f"backprop_steps={backprop_steps} exceeds thinking_steps={thinking_steps}")
+    backprop_steps = _backprop_steps(backprop_steps, thinking_steps, "thinking_steps")
     noise = (
         None if noise_scale is None else python_float("noise_scale", noise_scale, allow_zero=True)
     )
