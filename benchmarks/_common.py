@@ -41,23 +41,30 @@ def environment() -> dict[str, Any]:
 
 
 def interleaved(
-    fns: dict[str, Callable], *args: Any, repeats: int = 7, number: int = 1, warm: bool = False
+    fns: dict[str, Callable],
+    *args: Any,
+    repeats: int = 7,
+    number: int = 1,
+    warm: bool = False,
+    args_for: dict[str, tuple] | None = None,
 ) -> dict:
     """Time several compiled functions of the same `args`, interleaving their repeats (in a
     rotating order) so that drifting machine load hits all of them alike. Returns per-name
-    timing dicts.
+    timing dicts. `args_for` gives some contenders arguments of their own (the same values
+    in another layout, say).
 
     With `warm`, every sample is preceded by one untimed call of the same function. The
     rotation keeps each contender's predecessor (it shifts a cycle), and a fast program timed
     right after one with large buffers pays for them: with 5 attention contenders, the
     blockwise energy after `jax.nn.dot_product_attention` took 9.9 ms instead of 6.3 (seq
     2048, one head, one CPU core), and 6.4 again with the warm-up call."""
+    arguments = {name: (args_for or {}).get(name, args) for name in fns}
     compiled, compile_s = {}, {}
     for name, fn in fns.items():
         start = time.perf_counter()
-        compiled[name] = jax.jit(fn).lower(*args).compile()
+        compiled[name] = jax.jit(fn).lower(*arguments[name]).compile()
         compile_s[name] = time.perf_counter() - start
-        jax.block_until_ready(compiled[name](*args))
+        jax.block_until_ready(compiled[name](*arguments[name]))
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(compiled)
     for repeat in range(repeats):
@@ -65,12 +72,12 @@ def interleaved(
         # large buffers pays for it, so no one should always be in that place.
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
-            fn = compiled[name]
+            fn, fn_args = compiled[name], arguments[name]
             if warm:
-                jax.block_until_ready(fn(*args))
+                jax.block_until_ready(fn(*fn_args))
             start = time.perf_counter()
             for _ in range(number):
-                out = fn(*args)
+                out = fn(*fn_args)
             jax.block_until_ready(out)
             samples[name].append((time.perf_counter() - start) / number)
     return {

@@ -14,7 +14,11 @@ each from the default (cold) start and warm-started from the t* of a nearby inpu
 (H + 0.01 * noise, as in consecutive training steps). Each case runs twice in the same
 process, interleaved: with this checkout (`after`) and with the package as it was before the
 solver engine (`before`, commit 87ff9c9, extracted from git by `_baseline.py`). Target
-(issue 17): at N = 1024 in float64, log Z value+grad <= 15x a Cholesky warm.
+(issue 17): at N = 1024 in float64, log Z value+grad <= 15x a Cholesky warm. The unit is
+timed twice: XLA's `jnp.linalg.cholesky` compiled in the same program set, and LAPACK's
+`potrf` called from SciPy on the same matrix (before and after the cases, median of both);
+the ratios are given against each (issue 34: XLA's in-process Cholesky ran 30-60% slower than
+LAPACK's next to the saddle-point programs, so only the LAPACK unit is a fixed yardstick).
 
 `--count` also prints the large linear algebra each program compiles to (`_flops.py`: from
 the optimised HLO, in units of one N x N Cholesky, outside loops and per pass of each loop).
@@ -23,12 +27,15 @@ the optimised HLO, in units of one N x N Cholesky, outside loops and per pass of
 """
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _baseline  # noqa: E402
@@ -110,8 +117,11 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, co
     fns = {"cholesky": cholesky}
     for version, package in (("after", ea), ("before", before)):
         fns.update({f"{version}:{name}": fn for name, fn in cases(package).items()})
+    potrf = lapack_potrf_samples(V, repeats)
     times = interleaved(fns, V, J_raw, H, t0, repeats=repeats)
+    potrf += lapack_potrf_samples(V, repeats)
     base = times["cholesky"]["median_s"]
+    lapack = statistics.median(potrf)
     steps = {"after": {"cold": cold, "warm": warm}, "before": steps_before}
     unit = num_spins**3 / 3
     rows = []
@@ -133,6 +143,8 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, co
             "median_s": timing["median_s"],
             "cholesky_median_s": base,
             "ratio_to_cholesky": timing["median_s"] / base,
+            "lapack_potrf_median_s": lapack,
+            "ratio_to_lapack_potrf": timing["median_s"] / lapack,
             "ratio_to_before": timing["median_s"] / times[f"before:{case_start}"]["median_s"],
             "compile_s": timing["compile_s"],
             "newton_steps": int(solution.num_steps),
@@ -153,6 +165,23 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, co
             }
         rows.append(row)
     return rows
+
+
+def lapack_potrf_samples(V, repeats: int) -> list[float]:
+    """Seconds per LAPACK Cholesky factorisation (`?potrf`, through SciPy) of `V`, each on a
+    fresh Fortran-ordered copy made outside the timing, after one untimed call."""
+    matrix = np.asarray(V)
+    (potrf,) = scipy.linalg.get_lapack_funcs(("potrf",), (matrix,))
+    samples = []
+    for i in range(repeats + 1):
+        a = np.array(matrix, order="F")
+        start = time.perf_counter()
+        _, info = potrf(a, lower=True, overwrite_a=True, clean=False)
+        if i:  # the first call warms up
+            samples.append(time.perf_counter() - start)
+        if info != 0:
+            raise SystemExit(f"LAPACK potrf failed (info {info}): the matrix is not SPD")
+    return samples
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -195,6 +224,8 @@ def report(row: dict) -> None:
         f"{row['dtype']} x{row['coupling_scale']:g} N={row['num_spins']:5d} {row['version']:6s} "
         f"{row['case']:16s} {row['start']:4s} {row['median_s'] * 1e3:9.3f} ms = "
         f"{row['ratio_to_cholesky']:6.1f} x Cholesky ({row['cholesky_median_s'] * 1e3:.3f} ms), "
+        f"{row['ratio_to_lapack_potrf']:6.1f} x LAPACK potrf "
+        f"({row['lapack_potrf_median_s'] * 1e3:.3f} ms), "
         f"{row['ratio_to_before']:5.2f} x before  steps {row['newton_steps']}  "
         f"compile {row['compile_s']:.2f}s",
         flush=True,

@@ -164,7 +164,8 @@ def _upper_inverse(U: Float[Array, "n n"]) -> Float[Array, "n n"]:
 
     $\begin{pmatrix} P & Q \\ 0 & R \end{pmatrix}^{-1} = \begin{pmatrix} P^{-1} &
     -P^{-1} Q R^{-1} \\ 0 & R^{-1} \end{pmatrix}$: a third of the flops of a triangular
-    solve against the identity, mostly in matrix products (3-4x faster at N = 1024 on CPU).
+    solve against the identity, mostly in matrix products (measured: the saddle point's section
+    of `benchmarks/README.md`).
     """
     n = U.shape[0]
     if n <= _BLOCK:
