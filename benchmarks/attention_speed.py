@@ -143,6 +143,13 @@ def roofline_rates(repeats: int) -> dict[str, float]:
     }
 
 
+def best_product(before: dict[str, float], after: dict[str, float]) -> tuple[str, float]:
+    """The roofline: the product with the highest mean of its rates before and after."""
+    rates = {name: (before[name] + after[name]) / 2 for name in before}
+    best = max(rates, key=rates.get)
+    return best, rates[best]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seq <= 2048, 3 repeats")
@@ -244,9 +251,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     after = roofline_rates(2 * repeats + 1)
     for name, rate in after.items():
         check_rate(name, rate, limit, cores)
-    rates = {name: (before[name] + after[name]) / 2 for name in before}
-    best = max(rates, key=rates.get)
-    roofline = rates[best]
+    best, roofline = best_product(before, after)
     print(
         f"roofline: {roofline:.1f} GFLOP/s ({best}; mean of before and after), "
         + ", ".join(f"{n} {before[n]:.1f} / {after[n]:.1f}" for n in before)

@@ -37,7 +37,7 @@ import jax.random as jr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _baseline  # noqa: E402
 from _common import interleaved, print_row, write_rows  # noqa: E402
-from attention_speed import FLOPS_PER_ENTRY, gflops, roofline_rates  # noqa: E402
+from attention_speed import FLOPS_PER_ENTRY, best_product, gflops, roofline_rates  # noqa: E402
 
 import energyattn as ea  # noqa: E402
 
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 }
             )
     roofline_after = roofline_rates(2 * repeats + 1)
-    roofline = max((roofline_before[n] + roofline_after[n]) / 2 for n in roofline_before)
+    _, roofline = best_product(roofline_before, roofline_after)
     for row in rows:
         if row["kind"] == "ratios":
             row["roofline_gflops"] = roofline
