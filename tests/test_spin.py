@@ -189,6 +189,18 @@ def phi_checks(t, J, H, beta):
     )
 
 
+def test_saddle_point_above_newtons_dense_limit():
+    """Above 512 unknowns Newton's `jacobian="auto"` takes matrix-free steps, which keep no
+    Hessian products; the saddle point reads log Z off them, so it solves dense at every size
+    (at N = 1024 it raised AttributeError in `_attach` before)."""
+    J, H = problem(2, n=520, d=2)
+    solution = sp.saddle_point(J, H, 1.0)
+    assert solution.result == ea.RESULTS.successful
+    assert np.max(np.abs(sp.phi_grad(solution.value, J, H, 1.0))) < 1e-9  # stationary
+    with pytest.raises(ValueError, match=r"dense Hessian.*'auto'.*520 unknowns"):
+        sp.saddle_point(J, H, 1.0, solver=ea.Newton())
+
+
 def test_phi_formula_modes_and_domain():
     J, H = problem()
     t = np.linspace(1.1, 1.6, 5)
@@ -486,6 +498,8 @@ def test_bad_beta_and_shapes(user_mode):
         sp.saddle_point(J, H, 1.0, solver=ea.Anderson())
     with pytest.raises(ValueError, match="rtol must be >= 0"):
         sp.saddle_point(J, H, 1.0, solver=ea.Newton(rtol=-1.0))
+    with pytest.raises(ValueError, match=r"needs Newton's dense Hessian.*'matrix-free'"):
+        sp.saddle_point(J, H, 1.0, solver=ea.Newton(jacobian="matrix-free"))
 
 
 def test_public_names_are_documented():

@@ -192,7 +192,7 @@ def default_solver(dtype: Any) -> Newton:
     gradient, which the envelope theorem gives).
     """
     tol = float(jnp.finfo(dtype).eps) ** 0.75
-    return Newton(rtol=tol, atol=tol, chord_check=True)
+    return Newton(rtol=tol, atol=tol, chord_check=True, jacobian="dense")
 
 
 def _system(
@@ -232,6 +232,14 @@ def _saddle(
     if tp0 is None:
         start = _feasible_start(J, H, beta, mode == "scalar")
         tp0 = start.y
+    if solver.matrix_free(tp0.shape[0]):
+        # log Z, its gradient and the magnetizations are read off the dense Hessian's
+        # cached products (A, X, P) at t*, which matrix-free steps never form.
+        raise ValueError(
+            f"saddle_point needs Newton's dense Hessian, but ea.Newton(jacobian="
+            f"{solver.jacobian!r}) takes matrix-free steps for {tp0.shape[0]} unknowns; "
+            "pass ea.Newton(..., jacobian='dense')"
+        )
     solution, extras = iterate(solver, _PROBLEM, tp0, (J, H, beta), max_steps, start=start)
     # t* is the last iterate Newton evaluated, not that plus its last (tiny) step: the
     # cached A, X, P, phi and the Hessian's factor are then exact at the t* returned.
@@ -393,8 +401,10 @@ def saddle_point(
     - `mode`: `"vector"` (default; one $t_i$ per spin) or `"scalar"` (one shared $t$).
     - `solver`: an [`ea.Newton`][energyattn.Newton] carrying the tolerances and the most
       step halvings per line search (default:
-      `ea.Newton(rtol=tol, atol=tol, chord_check=True)` with `tol = eps ** 0.75`, 1.8e-12
-      in float64 and 6.4e-6 in float32).
+      `ea.Newton(rtol=tol, atol=tol, chord_check=True, jacobian="dense")` with
+      `tol = eps ** 0.75`, 1.8e-12 in float64 and 6.4e-6 in float32). The saddle point
+      needs Newton's dense Hessian at every size: a solver that takes matrix-free steps
+      (`jacobian="matrix-free"`, or `"auto"` above 512 unknowns) is refused.
     - `max_steps`: the most Newton steps (default 50; convergence typically takes 2 to 5).
     - `throw`: raise (at run time) when the solve fails (default). With `throw=False` the
       failure is reported in `result` instead: `RESULTS.infeasible` when $V$ cannot be made
