@@ -58,28 +58,20 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
     m = min(restart, n)
     target = jnp.maximum(tol * jnp.linalg.norm(b), atol)
 
-    def rotate(column, cos, sin, k):
-        """The rotations 0..k-1 of the earlier steps, applied to a new column of H."""
-
-        def one(j, column):
-            a, c = column[j], column[j + 1]
-            return column.at[j].set(cos[j] * a - sin[j] * c).at[j + 1].set(sin[j] * a + cos[j] * c)
-
-        return jax.lax.fori_loop(0, k, one, column)
-
     def cycle(x, residual, beta, steps):
         basis = jnp.zeros((m + 1, n), dtype).at[0].set(residual / jnp.where(beta > 0, beta, 1))
         R = jnp.eye(m, dtype=dtype)  # the triangular factor (unused columns: identity)
         g = jnp.zeros(m + 1, dtype).at[0].set(beta)  # the rotated right-hand side beta e1
-        zeros = jnp.zeros(m, dtype)
+        # The product of the Givens rotations so far, as a matrix: a new column of H is
+        # rotated by one product with it, not by a loop over the earlier rotations.
+        Q = jnp.eye(m + 1, dtype=dtype)
 
         def cond(carry):
             k, _, _, _, g, steps = carry  # |g[k]|: the residual after k steps
             return (k < m) & (jnp.abs(g[k]) > target) & (steps < max_steps)
 
         def body(carry):
-            k, basis, R, rotations, g, steps = carry
-            cos, sin = rotations
+            k, basis, R, Q, g, steps = carry
             w = matvec(basis[k])
             h = basis @ w  # rows above k are zero, so are their coefficients
             w = w - basis.T @ h
@@ -87,18 +79,20 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
             w, h = w - basis.T @ again, h + again
             size = jnp.linalg.norm(w)
             basis = basis.at[k + 1].set(w / jnp.where(size > 0, size, 1))
-            column = rotate(h.at[k + 1].set(size), cos, sin, k)
+            column = Q @ h.at[k + 1].set(size)
             # The rotation that zeroes the column below its diagonal, and the residual.
             a, c = column[k], column[k + 1]
             radius = jnp.hypot(a, c)
             safe = jnp.where(radius > 0, radius, 1)
             ck, sk = jnp.where(radius > 0, a / safe, 1), jnp.where(radius > 0, -c / safe, 0)
             R = R.at[:, k].set(column[:m].at[k].set(radius))
+            Qk, Qk1 = Q[k], Q[k + 1]
+            Q = Q.at[k].set(ck * Qk - sk * Qk1).at[k + 1].set(sk * Qk + ck * Qk1)
             gk = g[k]
             g = g.at[k].set(ck * gk).at[k + 1].set(sk * gk)
-            return k + 1, basis, R, (cos.at[k].set(ck), sin.at[k].set(sk)), g, steps + 1
+            return k + 1, basis, R, Q, g, steps + 1
 
-        init = (0, basis, R, (zeros, zeros), g, steps)
+        init = (0, basis, R, Q, g, steps)
         k, basis, R, _, g, steps = jax.lax.while_loop(cond, body, init)
         y = jax.scipy.linalg.solve_triangular(R, jnp.where(jnp.arange(m) < k, g[:m], 0))
         return x + basis[:m].T @ y, steps
