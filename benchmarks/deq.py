@@ -32,7 +32,7 @@ allocates beyond its arguments and outputs; outputs are the same for all adjoint
 apart in the JSON). `grad err` is the relative 2-norm distance of the gradient from the
 `implicit_lu` one (the exact implicit gradient at the forward's last iterate).
 
-    python benchmarks/deq.py [--quick]
+    python benchmarks/deq.py [--quick | --sizes]
 """
 
 import argparse
@@ -302,12 +302,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="solvers: N = 17, random x1 and symmetric x2 only; backward: max_steps 10 and 40; "
         "5 repeats",
     )
+    parser.add_argument(
+        "--sizes",
+        action="store_true",
+        help="solvers only: the random x1 case at N, d = 17, 8 / 64, 16 / 128, 32 / 256, 32, "
+        "where Anderson's fixed cost per step stops mattering against the map's",
+    )
     parser.add_argument("--repeats", type=int, help="timed repeats per case (median reported)")
     parser.add_argument("--note", default="", help="free text stored with each row")
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 9)
     if args.quick:
         cases = [(False, 17, 8, 1.0), (True, 17, 8, 2.0)]
+    elif args.sizes:
+        cases = [(False, n, d, 1.0) for n, d in [(17, 8), (64, 16), (128, 32), (256, 32)]]
     else:
         cases = [
             (symmetric, num_spins, dim, scale)
@@ -315,7 +323,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for num_spins, dim in [(17, 8), (64, 16)]
             for scale in [1.0, 2.0, 3.0]
         ]
-    backward_steps = [10, 40] if args.quick else [10, 20, 40, 80]
+    backward_steps = [] if args.sizes else [10, 40] if args.quick else [10, 20, 40, 80]
     rows = []
     print(f"Anderson vs Picard: batch {BATCH}, rtol {RTOL}, atol {ATOL}, max_steps {MAX_STEPS}")
     print("steps mean/max, converged, median forward time")
@@ -324,13 +332,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.extend(new)
         report_solvers(new)
     n, d = BACKWARD_SIZE
-    print(f"\nBackward through ea.fixed_point: N={n} d={d}, batch {BACKWARD_BATCH}, Anderson")
+    if backward_steps:
+        print(f"\nBackward through ea.fixed_point: N={n} d={d}, batch {BACKWARD_BATCH}, Anderson")
     for max_steps in backward_steps:
         new = run_backward(max_steps, repeats, args.note)
         rows.extend(new)
         for row in new:
             report_backward(row)
-    path = write_rows("deq" + ("_quick" if args.quick else ""), rows)
+    path = write_rows("deq" + ("_quick" if args.quick else "_sizes" if args.sizes else ""), rows)
     print(f"wrote {path}")
     return rows
 
