@@ -200,16 +200,6 @@ def pytest_runtest_call(item):
         return (yield)
 
 
-#: Files whose tests run longest (examples, end-to-end commands): scheduled first, so the
-#: two workers finish together instead of one waiting on a long test at the end.
-LONG_FIRST = ("test_docs.py", "test_attractor.py", "test_front_door.py", "test_derivative_grid.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable
-
-
 @pytest.fixture
 def jax_defaults():
     """JAX's default 32-bit mode for one test (code it runs may turn x64 on itself, as a
