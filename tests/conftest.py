@@ -19,12 +19,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 # Compile fast. The suite's programs are small and most run a few times, so most of its time
 # was XLA compiling them. Tests compile with LLVM at -O0 (JAX's jax_disable_most_optimizations)
-# and XLA's classic CPU loop emitters instead of the newer MLIR fusion emitters: the suite takes
-# about 2.5 minutes on 2 cores instead of 6.5. Tests whose programs run long (training loops)
-# are marked `optimised_xla` and compile at -O1 (see below), which runs them as fast as the
-# default -O3 and compiles faster. The emitter flag goes with -O0: at -O0 the fusion emitters
-# round one solver sum in tests/test_spin.py differently from the same sum compiled on its own,
-# which that test checks bit for bit.
+# and XLA's classic CPU loop emitters instead of the newer MLIR fusion emitters: when this was
+# introduced (a smaller suite) it took 2.5 minutes on 2 cores instead of 6.5. Tests whose
+# programs run long (training loops) are marked `optimised_xla` and compile at -O1 (see
+# below), which runs them as fast as the default -O3 and compiles faster. The emitter flag
+# goes with -O0: at -O0 the fusion emitters round one solver sum in tests/test_spin.py
+# differently from the same sum compiled on its own, which that test checks bit for bit.
 # Both are set in os.environ, so the subprocesses the tests start (CLI commands, the float32
 # checks) inherit them, and so do the xdist workers from the controller. Nothing is added where
 # the user set any of these, or if this JAX does not know them (an unknown XLA flag aborts the
