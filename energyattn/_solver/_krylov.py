@@ -61,17 +61,17 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
     def cycle(x, residual, beta, steps):
         basis = jnp.zeros((m + 1, n), dtype).at[0].set(residual / jnp.where(beta > 0, beta, 1))
         R = jnp.eye(m, dtype=dtype)  # the triangular factor (unused columns: identity)
-        g = jnp.zeros(m + 1, dtype).at[0].set(beta)  # the rotated right-hand side beta e1
         # The product of the Givens rotations so far, as a matrix: a new column of H is
-        # rotated by one product with it, not by a loop over the earlier rotations.
+        # rotated by one product with it, not by a loop over the earlier rotations, and the
+        # rotated right-hand side is beta Q e1.
         Q = jnp.eye(m + 1, dtype=dtype)
 
         def cond(carry):
-            k, _, _, _, g, steps = carry  # |g[k]|: the residual after k steps
-            return (k < m) & (jnp.abs(g[k]) > target) & (steps < max_steps)
+            k, _, _, Q, steps = carry  # |beta Q[k, 0]|: the residual after k steps
+            return (k < m) & (jnp.abs(beta * Q[k, 0]) > target) & (steps < max_steps)
 
         def body(carry):
-            k, basis, R, Q, g, steps = carry
+            k, basis, R, Q, steps = carry
             w = matvec(basis[k])
             h = basis @ w  # rows above k are zero, so are their coefficients
             w = w - basis.T @ h
@@ -88,13 +88,11 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
             R = R.at[:, k].set(column[:m].at[k].set(radius))
             Qk, Qk1 = Q[k], Q[k + 1]
             Q = Q.at[k].set(ck * Qk - sk * Qk1).at[k + 1].set(sk * Qk + ck * Qk1)
-            gk = g[k]
-            g = g.at[k].set(ck * gk).at[k + 1].set(sk * gk)
-            return k + 1, basis, R, Q, g, steps + 1
+            return k + 1, basis, R, Q, steps + 1
 
-        init = (0, basis, R, Q, g, steps)
-        k, basis, R, _, g, steps = jax.lax.while_loop(cond, body, init)
-        y = jax.scipy.linalg.solve_triangular(R, jnp.where(jnp.arange(m) < k, g[:m], 0))
+        k, basis, R, Q, steps = jax.lax.while_loop(cond, body, (0, basis, R, Q, steps))
+        g = beta * Q[:m, 0]
+        y = jax.scipy.linalg.solve_triangular(R, jnp.where(jnp.arange(m) < k, g, 0))
         return x + basis[:m].T @ y, steps
 
     def outer_cond(carry):
