@@ -1,18 +1,20 @@
-"""float32 and bfloat16, checked in a fresh interpreter with JAX's default config (x64 off).
+"""float32 and bfloat16, checked with JAX's default config (x64 off).
 
-The rest of the suite runs in float64 (conftest), so these checks run in a subprocess: the
-identities must hold to 1e-6 in float32, the precision users actually get.
+The rest of the suite runs in float64 (conftest); these checks turn x64 off for their test
+(the `jax_defaults` fixture, as the documentation's examples run): the identities must hold
+to 1e-6 in float32, the precision users actually get.
 """
 
-import subprocess
-import sys
-import textwrap
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
 
-SCRIPT = textwrap.dedent(
-    """
-    import equinox as eqx, jax, jax.numpy as jnp, jax.random as jr, numpy as np
-    import energyattn as ea
+import energyattn as ea
 
+
+def test_float32_and_bfloat16_in_default_config(jax_defaults):
     assert jnp.zeros(()).dtype == jnp.float32  # the default config: no x64
     k = iter(jr.split(jr.key(0), 16))
 
@@ -20,15 +22,18 @@ SCRIPT = textwrap.dedent(
     # The seed's check: 8 state patterns, 32 stored patterns, d = 512, beta = 1/sqrt(d).
     q = jr.normal(next(k), (8, 512))
     m = jr.normal(next(k), (32, 512))
-    beta = 512 ** -0.5
+    beta = 512**-0.5
     assert q.dtype == jnp.float32
+
     @jax.jit
     def step(q, m):
         energy = ea.HopfieldEnergy(m, beta=beta)
         return ea.descend(energy, q, step_size=1.0, num_steps=1).value
+
     @jax.jit
     def softmax_attention(q, m):
         return jax.nn.softmax(beta * q @ m.T, axis=-1) @ m
+
     cross = step(q, m)
     assert cross.dtype == jnp.float32
     ref = softmax_attention(q, m)
@@ -47,8 +52,8 @@ SCRIPT = textwrap.dedent(
     hop = ea.nn.HopfieldAttention(32, num_heads=4, key=next(k))
     soft = ea.nn.SoftmaxAttention(32, num_heads=4, key=next(k))
     for name in ["query_proj", "key_proj", "output_proj"]:
-        soft = eqx.tree_at(lambda l: getattr(l, name), soft, getattr(hop, name))
-    soft = eqx.tree_at(lambda l: l.value_proj, soft, hop.key_proj)
+        soft = eqx.tree_at(lambda layer, name=name: getattr(layer, name), soft, getattr(hop, name))
+    soft = eqx.tree_at(lambda layer: layer.value_proj, soft, hop.key_proj)
     mask = jr.bernoulli(next(k), 0.7, (6, 6)).at[:, 0].set(True)
     attend = eqx.filter_jit(lambda layer, x, mask: layer(x, mask=mask))
     out = attend(hop, x, mask)
@@ -71,14 +76,3 @@ SCRIPT = textwrap.dedent(
     layer_b = attend(hop, x.astype(jnp.bfloat16), mask)
     assert bool(jnp.all(jnp.isfinite(layer_b)))
     np.testing.assert_allclose(layer_b.astype(jnp.float32), out, rtol=0, atol=5e-2)
-    print("dtype checks ok")
-    """
-)
-
-
-def test_float32_and_bfloat16_in_default_config():
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "dtype checks ok" in result.stdout
