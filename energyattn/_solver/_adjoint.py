@@ -6,8 +6,9 @@ a minimum) the implicit function theorem gives the tangent
 
 $$\partial_y F\;\dot y^* = -\,\partial_\theta F\;\dot\theta ,$$
 
-a linear solve (`jax.lax.custom_linear_solve`, see `_linear.py`). Forward mode is this rule;
-reverse mode is its transpose, which JAX derives (a solve with $(\partial_y F)^\top$); and
+a linear solve (a primitive with the rules of `jax.lax.custom_linear_solve`, see
+`_linear.py`). Forward mode is this rule; reverse mode is its transpose, which JAX derives (a
+solve with $(\partial_y F)^\top$); and
 because the rule is written in differentiable JAX operations and re-enters itself for the
 primal, `jax.hessian`, `jax.jacfwd` of `jax.grad`, and any other composition work to any
 order. The solve itself runs with every input cut from differentiation, so the loop is
@@ -68,9 +69,9 @@ class ImplicitAdjoint(AbstractAdjoint):
 
     $$\dot y^* = -\left(\partial_y F\right)^{-1}\partial_\theta F\;\dot\theta$$
 
-    A `custom_jvp` over a `jax.lax.custom_linear_solve`: `jax.grad`, `jax.jvp`,
-    `jax.jacfwd`, `jax.hessian` and `jax.vmap` compose, to any order. Memory and time do not
-    depend on how many iterations the forward solve took.
+    A `custom_jvp` over a linear solve (with the rules of `jax.lax.custom_linear_solve`):
+    `jax.grad`, `jax.jvp`, `jax.jacfwd`, `jax.hessian` and `jax.vmap` compose, to any order.
+    Memory and time do not depend on how many iterations the forward solve took.
 
     **Arguments:**
 

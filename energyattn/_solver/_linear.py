@@ -1,13 +1,18 @@
 r"""Linear solves for the implicit adjoint: $A x = b$, $A = \partial F/\partial y$ at the solution.
 
-Every solve goes through `jax.lax.custom_linear_solve`, so JAX differentiates it (the
-tangent of $x$ solves $A\dot x = \dot b - \dot A x$ with the same solver) and transposes it
-for reverse mode (a solve with $A^\top$), to any order. The operator is only ever given as
-a function $v \mapsto Av$ (a Jacobian-vector product): dense solvers build the matrix from
-it once per call, Krylov solvers never do.
+Every solve is one primitive (`linear_solve`) with the rules of `jax.lax.custom_linear_solve`:
+JAX differentiates it (the tangent of $x$ solves $A\dot x = \dot b - \dot A x$ with the same
+solver) and transposes it for reverse mode (a solve with $A^\top$), to any order. The
+operator is only ever given as a function $v \mapsto Av$ (a Jacobian-vector product): dense
+solvers build the matrix from it once per call, Krylov solvers never do.
 
-Why not lineax: `lax.custom_linear_solve` is core JAX and does everything the adjoint
-needs (differentiation, transposition, `vmap`); the dense factorisations, JAX's CG and a
+Why a primitive of our own: under `vmap`, `custom_linear_solve`'s batching rule batches the
+solve and its transpose several times over to find which of their outputs are batched, with
+GMRES's nested loops inside each time; this one is batched by
+`equinox.internal.create_vprim` (as the attention passes and lineax's linear solve are), so
+the solve is vmapped once, when it is lowered. Tracing and lowering the vmapped gradient of a
+spin-model transformer layer took 1.0-1.5 s instead of 1.4-1.9 s (one CPU core; the same
+gradient to the last digit). Why not lineax itself: the dense factorisations, JAX's CG and a
 short GMRES of our own (`_krylov.py`) cover the sizes we meet, and one fewer dependency is
 one fewer thing that can break with a JAX release.
 """
@@ -17,10 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
+from jax.interpreters import ad
 from jaxtyping import Array, Float
 
 from .._checks import positive_int, python_float
@@ -74,6 +81,120 @@ def _message(name: str, why: str, transpose: bool, problem: ProblemType | None) 
         else "the forward-mode derivative (jax.jvp / jacfwd)"
     )
     return _FAILED.format(which=which, system=system, name=name, why=why)
+
+
+def linear_solve(
+    matvec: MatVec, b: Flat, solve: Callable, transpose_solve: Callable, symmetric: bool
+) -> Flat:
+    """$A^{-1}b$ by `solve(matvec, b)`, with the rules of `jax.lax.custom_linear_solve` (the
+    same arguments; `transpose_solve(vecmat, r)` solves with $A^\\top$), as a primitive
+    batched by `equinox.internal.create_vprim`: under `vmap` the solve is vmapped once, where
+    JAX's rule batches the solve and its transpose several times over to find which outputs
+    are batched (with GMRES's nested loops each time)."""
+    struct = jax.ShapeDtypeStruct(b.shape, b.dtype)
+    if symmetric:
+        vecmat = matvec
+    else:
+        transposed = jax.linear_transpose(matvec, struct)
+        vecmat = lambda v: transposed(v)[0]  # noqa: E731
+    functions = (
+        matvec,
+        vecmat,
+        lambda r: solve(matvec, r),
+        lambda r: transpose_solve(vecmat, r),
+    )
+    groups = [_flat_function(f, b) for f in functions]
+    (x,) = _solve_p.bind(
+        *[c for consts, _ in groups for c in consts],
+        b,
+        structures=tuple(structure for _, structure in groups),
+        counts=tuple(len(consts) for consts, _ in groups),
+    )
+    return x
+
+
+class _Structure:
+    """A function of a vector without the arrays it closes over (`_flat_function`): a
+    primitive's parameter, equal to itself only."""
+
+    def __init__(self, treedef, static):
+        self.treedef, self.static = treedef, static
+
+    def __call__(self, consts):
+        return eqx.combine(jax.tree.unflatten(self.treedef, consts), self.static)
+
+
+def _flat_function(fn: Callable, b: Flat) -> tuple[list, _Structure]:
+    """The arrays `fn` (of a vector like `b`) closes over, and the rest."""
+    dynamic, static = eqx.partition(eqx.filter_closure_convert(fn, b), eqx.is_array)
+    consts, treedef = jax.tree.flatten(dynamic)
+    return consts, _Structure(treedef, static)
+
+
+def _split(arrays, counts):
+    groups, start = [], 0
+    for n in counts:
+        groups.append(list(arrays[start : start + n]))
+        start += n
+    return groups, arrays[start]
+
+
+def _solve_impl(*arrays, structures, counts):
+    groups, b = _split(arrays, counts)
+    return [structures[2](groups[2])(b)]
+
+
+def _solve_abstract_eval(*avals, structures, counts):
+    return [avals[-1]]
+
+
+def _solve_jvp(primals, tangents, *, structures, counts):
+    # x = A^-1 b: dx = A^-1 (db - dA x), solved the same way. Only the operator's arrays
+    # carry the derivative; those of the solves (factorisations of A) and of the transposed
+    # operator are the same matrix, and differentiating them too would count it twice.
+    groups, _ = _split(primals, counts)
+    t_groups, t_b = _split(tangents, counts)
+    params = dict(structures=structures, counts=counts)
+    (x,) = _solve_p.bind(*primals, **params)
+    rhs = jnp.zeros_like(x) if type(t_b) is ad.Zero else t_b
+    moving = [i for i, t in enumerate(t_groups[0]) if type(t) is not ad.Zero]
+    if moving:
+        # Differentiated in the arrays that move only: a zero tangent made an array would
+        # enter the tangent's terms as a constant where a transpose expects none.
+        def operator_at_x(*arrays):
+            consts = list(groups[0])
+            for i, array in zip(moving, arrays, strict=True):
+                consts[i] = array
+            return structures[0](consts)(x)
+
+        primal = [groups[0][i] for i in moving]
+        _, dA_x = jax.jvp(operator_at_x, primal, [t_groups[0][i] for i in moving])
+        rhs = rhs - dA_x
+    (t_x,) = _solve_p.bind(*primals[:-1], rhs, **params)
+    return [x], [t_x]
+
+
+def _solve_transpose(cts, *args, structures, counts):
+    # Linear in b only: b_bar = A^-T x_bar, the same primitive with the roles swapped.
+    groups, _ = _split(args, counts)
+    if any(ad.is_undefined_primal(c) for group in groups for c in group):
+        raise NotImplementedError("a linear solve is not linear in its operator")
+    (ct,) = cts
+    if type(ct) is ad.Zero:
+        return [None] * len(args)
+    order = (1, 0, 3, 2)
+    (x,) = _solve_p.bind(
+        *[c for i in order for c in groups[i]],
+        ct,
+        structures=tuple(structures[i] for i in order),
+        counts=tuple(counts[i] for i in order),
+    )
+    return [None] * (len(args) - 1) + [x]
+
+
+_solve_p = eqxi.create_vprim(
+    "energyattn_linear_solve", _solve_impl, _solve_abstract_eval, _solve_jvp, _solve_transpose
+)
 
 
 def _dense_matrix(matvec: MatVec, b: Flat) -> Float[Array, "n n"]:
@@ -135,9 +256,7 @@ def _factored_solve(
     # A symmetric matrix solves its transpose with the same factor; the error still says
     # which pass failed.
     transpose_solve = checked(apply if symmetric else apply_t, True)
-    return jax.lax.custom_linear_solve(
-        matvec, b, checked(apply, False), transpose_solve, symmetric=symmetric
-    )
+    return linear_solve(matvec, b, checked(apply, False), transpose_solve, symmetric)
 
 
 def _lu_solve(
@@ -221,9 +340,7 @@ class _Krylov(AbstractLinearSolver):
 
             return run
 
-        return jax.lax.custom_linear_solve(
-            matvec, b, runner(False), runner(True), symmetric=symmetric
-        )
+        return linear_solve(matvec, b, runner(False), runner(True), symmetric)
 
 
 class GMRES(_Krylov):
