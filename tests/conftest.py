@@ -25,10 +25,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # below), which runs them as fast as the default -O3 and compiles faster. The emitter flag
 # goes with -O0: at -O0 the fusion emitters round one solver sum in tests/test_spin.py
 # differently from the same sum compiled on its own, which that test checks bit for bit.
-# Both are set in os.environ, so the subprocesses the tests start (CLI commands, the float32
-# checks) inherit them, and so do the xdist workers from the controller. Nothing is added where
-# the user set any of these, or if this JAX does not know them (an unknown XLA flag aborts the
-# process), which one short subprocess checks.
+# Both are set in os.environ, so the subprocesses the tests start (CLI commands, the processes
+# of tests/test_parallel.py) inherit them, and so do the xdist workers from the controller.
+# Nothing is added where the user set any of these, or if this JAX does not know them (an
+# unknown XLA flag aborts the process), which one short subprocess checks.
 # The third flag turns XNNPACK's YNN fusions off: XLA can compile them into kernels that
 # compute wrong values, differently at each compilation (see `energyattn/_cli/common.py`).
 FAST_COMPILE_FLAGS = (

@@ -91,11 +91,10 @@ def linear_solve(
     batched by `equinox.internal.create_vprim`: under `vmap` the solve is vmapped once, where
     JAX's rule batches the solve and its transpose several times over to find which outputs
     are batched (with GMRES's nested loops each time)."""
-    struct = jax.ShapeDtypeStruct(b.shape, b.dtype)
     if symmetric:
         vecmat = matvec
     else:
-        transposed = jax.linear_transpose(matvec, struct)
+        transposed = jax.linear_transpose(matvec, jax.ShapeDtypeStruct(b.shape, b.dtype))
         vecmat = lambda v: transposed(v)[0]  # noqa: E731
     functions = (
         matvec,
