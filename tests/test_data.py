@@ -1,6 +1,7 @@
 """Shipped digits and corruptions (`energyattn.data`)."""
 
 import collections
+import importlib.machinery
 import sys
 
 import equinox as eqx
@@ -60,6 +61,29 @@ def test_load_digits_split_is_a_fixed_partition():
 def test_load_digits_bad_input(user_mode, kwargs, match):
     with pytest.raises(ValueError, match=match):
         ea.data.load_digits(**kwargs)
+
+
+def test_load_digits_reads_what_scikit_learn_ships(tmp_path, monkeypatch):
+    # The file is read without importing scikit-learn; the arrays are its loader's, and so
+    # are those of the fallback, used where the file is not found.
+    from sklearn import datasets
+
+    from energyattn.data import _digits
+
+    shipped = datasets.load_digits()
+    images, labels = ea.data.load_digits()
+    np.testing.assert_array_equal(images * 16, shipped.images)
+    np.testing.assert_array_equal(labels, shipped.target)
+    elsewhere = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
+    elsewhere.submodule_search_locations = [str(tmp_path)]  # no datasets/data/digits.csv.gz
+    monkeypatch.setattr(_digits.importlib.util, "find_spec", lambda name: elsewhere)
+    _digits._shipped_digits.cache_clear()
+    try:
+        images, labels = ea.data.load_digits()
+    finally:
+        _digits._shipped_digits.cache_clear()
+    np.testing.assert_array_equal(images * 16, shipped.images)
+    np.testing.assert_array_equal(labels, shipped.target)
 
 
 def test_load_digits_without_scikit_learn(monkeypatch):
