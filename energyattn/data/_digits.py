@@ -82,9 +82,9 @@ def _shipped_digits() -> tuple[np.ndarray, np.ndarray]:
     read once per process (read-only: `load_digits` returns copies).
 
     The table is read straight from scikit-learn's `datasets/data/digits.csv.gz`, found
-    without importing scikit-learn, which took 0.7-1.3 s of a command's start (the file
-    reads in 25 ms); the same arrays as `sklearn.datasets.load_digits()`, which is the
-    fallback should a scikit-learn keep the file elsewhere.
+    without importing scikit-learn (whose import is most of a short command's start-up); the
+    arrays are those of `sklearn.datasets.load_digits()`, which is the fallback should a
+    scikit-learn keep the file elsewhere.
     """
     for folder in importlib.util.find_spec("sklearn").submodule_search_locations or ():
         path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
