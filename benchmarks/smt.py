@@ -168,22 +168,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     args = parser.parse_args(argv)
     shapes = [(17, 24, 4)] if args.quick else [(17, 24, 4), (65, 64, 4)]
-    rows = []
     if args.per_step:
-        for tokens, dim, heads in shapes:
-            new = per_step(tokens, dim, heads, 5 if args.quick else 9)
-            rows.extend(new)
-            for row in new:
-                report_per_step(row)
-        path = write_rows("smt_per_step" + ("_quick" if args.quick else ""), rows)
-        print(f"wrote {path}")
-        return rows
+        measure, show, name, repeats = per_step, report_per_step, "smt_per_step", 9
+    else:
+        measure, show, name, repeats = run, report, "smt", 11
+    rows = []
     for tokens, dim, heads in shapes:
-        new = run(tokens, dim, heads, 5 if args.quick else 11)
+        new = measure(tokens, dim, heads, 5 if args.quick else repeats)
         rows.extend(new)
         for row in new:
-            report(row)
-    path = write_rows("smt" + ("_quick" if args.quick else ""), rows)
+            show(row)
+    path = write_rows(name + ("_quick" if args.quick else ""), rows)
     print(f"wrote {path}")
     return rows
 
