@@ -62,6 +62,33 @@ def test_anderson_fewer_iterations_than_picard_on_linear_map(getkey):
     assert anderson.num_steps < picard.num_steps / 2
 
 
+def test_a_longer_anderson_history_costs_no_steps_on_a_fast_contraction():
+    # Each past residual's weight is regularised relative to its own size. A ridge scaled to
+    # the whole history (the mean of the Gram diagonal, which the first, largest residuals
+    # set) held the newest residuals back: on these maps 22 and 20 steps with a history of 8
+    # against 15 and 13 with 2, and 9 instead of 7 steps for the spin-model layer at 65 tokens.
+    n = 40
+    A = jr.normal(jr.key(0), (n, n))
+    A = 0.2 * A / np.max(np.abs(np.linalg.eigvals(np.asarray(A))))
+    b = jr.normal(jr.key(1), (n,))
+
+    @jax.jit
+    def steps(A, b):
+        maps = (_affine, lambda z, args: jnp.tanh(_affine(z, args)))
+        return jnp.array(
+            [
+                [
+                    ea.fixed_point(f, jnp.zeros(n), (A, b), solver=solver).num_steps
+                    for solver in (ea.Anderson(1e-10, 1e-12, history=h) for h in (2, 8))
+                ]
+                for f in maps
+            ]
+        )
+
+    short, long = np.asarray(steps(A, b)).T
+    assert np.all(long <= short), (short, long)
+
+
 def test_stopping_rule_and_step_count(getkey):
     A, b = _linear_problem(getkey())
     rtol, atol = 1e-4, 1e-6

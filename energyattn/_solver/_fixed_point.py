@@ -150,13 +150,16 @@ class Anderson(AbstractFixedPointSolver):
     $g_i = f_i - z_i$ as the rows of $G$, it finds the affine combination with the smallest
     residual,
 
-    $$\alpha = \arg\min_{\mathbf 1^\top\alpha = 1} \lVert G^\top\alpha\rVert^2 + r\lVert\alpha
-    \rVert^2, \qquad r = \lambda\,\tfrac{1}{m_k}\operatorname{tr}(G G^\top),$$
+    $$\alpha = \arg\min_{\mathbf 1^\top\alpha = 1} \lVert G^\top\alpha\rVert^2
+    + \lambda \sum_i \lVert g_i\rVert^2 \alpha_i^2,$$
 
-    i.e. $\alpha \propto (GG^\top + rI)^{-1}\mathbf 1$, and mixes
-    $z_{k+1} = \sum_i \alpha_i z_i + \beta \sum_i \alpha_i g_i$. The ridge $r$ is scaled to
-    the residual Gram matrix, so the regularisation means the same thing at every scale of
-    the residual (an absolute ridge would dominate near convergence and stall it). The first
+    i.e. $\alpha \propto (GG^\top + \lambda \operatorname{diag}(GG^\top))^{-1}\mathbf 1$, and
+    mixes $z_{k+1} = \sum_i \alpha_i z_i + \beta \sum_i \alpha_i g_i$. Each residual's weight
+    is regularised relative to that residual's own size, so the ridge means the same thing at
+    every scale: an absolute ridge would dominate near convergence and stall it, and so does
+    one scaled to the whole history (e.g. $\lambda\operatorname{tr}(GG^\top)/m_k$), which
+    the oldest, largest residuals set, so the newest, smallest is held back the more, the
+    longer the history. The first
     step ($m_k = 1$) is a damped Picard step. The Gram matrix is updated one row per
     iteration ($O(mn)$, not $O(m^2n)$) and the $m\times m$ system is solved by unrolled
     elimination, so an iteration costs little more than Picard's.
@@ -211,10 +214,12 @@ class Anderson(AbstractFixedPointSolver):
         gram = jnp.where(
             first_row, inner[None, :], jnp.where(first_column, inner[:, None], shifted)
         )
-        used = jnp.minimum(count, m).astype(z.dtype)
-        ridge = jnp.maximum(self.ridge * jnp.trace(gram) / used, jnp.finfo(z.dtype).tiny)
-        # Unused slots have zero rows and columns, so their equation reads ridge * w_i = 0.
-        weights = _spd_solve_small(gram + ridge * jnp.eye(m, dtype=z.dtype), valid.astype(z.dtype))
+        # Each slot's ridge is relative to its own residual (floored where a residual is
+        # exactly zero). Unused slots have zero rows and columns and a unit diagonal, so their
+        # equation reads w_i = 0.
+        ridge = jnp.maximum(self.ridge * jnp.diagonal(gram), jnp.finfo(z.dtype).tiny)
+        ridge = jnp.where(valid, ridge, 1)
+        weights = _spd_solve_small(gram + jnp.diag(ridge), valid.astype(z.dtype))
         alpha = weights / jnp.sum(weights)
         mixed_old = alpha[1:] @ (old_zs + self.mixing * old_gs)
         z_next = alpha[0] * (z + self.mixing * g) + mixed_old

@@ -11,9 +11,10 @@ solve and its transpose several times over to find which of their outputs are ba
 GMRES's nested loops inside each time; this one is batched by
 `equinox.internal.create_vprim` (as the attention passes and lineax's linear solve are), so
 the solve is vmapped once, when it is lowered (the vmapped gradient of a spin-model
-transformer layer traces and lowers faster, to the same gradient). Why not lineax itself: the dense factorisations, JAX's CG and a
-short GMRES of our own (`_krylov.py`) cover the sizes we meet, and one fewer dependency is
-one fewer thing that can break with a JAX release.
+transformer layer traces and lowers faster, to the same gradient). Why not lineax itself:
+the dense factorisations, JAX's CG and a short GMRES of our own (`_krylov.py`) cover the
+sizes we meet, and one fewer dependency is one fewer thing that can break with a JAX
+release.
 """
 
 import abc
