@@ -151,7 +151,9 @@ def smt_tap_update(
     other indexing; it is not offered.
 
     The sums are computed as matrix products ($K$, $K \circ (m_1 m_0^\top)$,
-    $K(R^2 - \lVert m_0\rVert^2)$), in $O(N^2 D)$; a small one (at most
+    $K(R^2 - \lVert m_0\rVert^2)$), in $O(N^2 D)$, with
+    $\sum_j K_{ij}(m_{1i}\cdot m_{0j})^2 = m_{1i}\cdot\sum_j K_{ij}(m_{1i}\cdot m_{0j})\,m_{0j}$
+    read off the last sum; a small one (at most
     `FUSED_PRODUCT_LIMIT` multiply-adds) as a broadcast multiply and a sum that XLA fuses with
     its neighbours, so an $N \times N \times D$ intermediate appears only at small sizes.
 
@@ -198,13 +200,16 @@ def tap_field(
     m1_v = jnp.sum(m1 * v, axis=-1, keepdims=True)
     m1_sq = _square_norm(m1)
     R2 = R**2
+    # sum_j K_ij (m1_i . m0_j)^2 = m1_i . sum_j K_ij (m1_i . m0_j) m0_j: the second sum is
+    # needed anyway, so the first costs no (spins x spins) pass of its own.
+    weighted = _product(K * overlap, m0)
     first = (
         jnp.square(m1_v)
         + row_k * m1_sq / (1 + g0)
-        - jnp.sum(K * jnp.square(overlap), axis=-1, keepdims=True) / (R2 * g0)
+        - jnp.sum(m1 * weighted, axis=-1, keepdims=True) / (R2 * g0)
     )
     second = _square_norm(v) + _product(K, R2 - _square_norm(m0))
-    third = m1_v * v + row_k * m1 / (1 + g0) - _product(K * overlap, m0) / (R2 * g0)
+    third = m1_v * v + row_k * m1 / (1 + g0) - weighted / (R2 * g0)
     damping = beta**2 / (R2 * (g1**2 + g1))
     delta = (
         beta**2 * (1 + 3 * g1) / (R2**2 * g1**3) * first * m1
