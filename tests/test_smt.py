@@ -15,6 +15,10 @@ import energyattn as ea
 sp = ea.spin
 FIXTURE = Path(__file__).parent / "fixtures" / "smt_tap_fp_N8_D16.npz"
 TIGHT = ea.Anderson(rtol=0.0, atol=1e-13, history=5)
+# The derivatives' linear solves as tight as the solve: the default (GMRES to eps ** 0.6,
+# 4e-10 of the residual in float64) leaves errors of that order, which the 1e-10 comparison
+# with unrolled iteration below would read as a difference between the two.
+TIGHT_ADJOINT = ea.ImplicitAdjoint(linear_solver=ea.GMRES(rtol=1e-13, atol=1e-13))
 # A point and the two points of a central difference around it (at +- h along a direction):
 # one vmapped solve gives the derivative at the first and the values at the other two.
 AT_AND_AROUND = np.array([0.0, 1.0, -1.0])
@@ -142,15 +146,15 @@ def test_steady_state_matches_the_reference(ref, fixture_solve):
 
 
 def _loss(x, J, beta, unrolled=False):
-    """A loss through m*: implicit (tight Anderson) or exactly 200 unrolled Picard steps
-    (tolerance 0, so it never stops early)."""
+    """A loss through m*: implicit (tight Anderson and linear solves) or exactly 200 unrolled
+    Picard steps (tolerance 0, so it never stops early)."""
     m = sp.smt_steady_state(
         x,
         J,
         beta=beta,
         R=np.sqrt(6 / 2 - 1),
         solver=ea.Picard(rtol=0.0, atol=0.0) if unrolled else TIGHT,
-        adjoint=ea.UnrolledAdjoint() if unrolled else None,
+        adjoint=ea.UnrolledAdjoint() if unrolled else TIGHT_ADJOINT,
         max_steps=200,
         throw=not unrolled,
     ).value

@@ -351,11 +351,16 @@ class GMRES(_Krylov):
     \\operatorname{rms}(b)$ (`None`: `eps ** 0.6` of the dtype), after at most about
     `max_steps` products with $A$. Both tolerances are relative: a gradient's scale is
     arbitrary, and an absolute tolerance would return zero for a small cotangent.
+
+    `restart` is the size of the Krylov basis (products per cycle). The basis is allocated
+    whole, and under `jax.vmap` every step copies every example's, so a larger one costs time
+    even where the solve stops early; the implicit layers' adjoints converge within 10
+    (`benchmarks/README.md`, "GMRES's restart").
     """
 
     rtol: float | None = eqx.field(default=None, static=True)
     atol: float | None = eqx.field(default=None, static=True)
-    restart: int = eqx.field(default=20, static=True)
+    restart: int = eqx.field(default=10, static=True)
     max_steps: int = eqx.field(default=200, static=True)
 
     def _run(self, operator, rhs, rtol, atol):
