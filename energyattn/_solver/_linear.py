@@ -354,8 +354,9 @@ class GMRES(_Krylov):
 
     `restart` is the size of the Krylov basis (products per cycle). The basis is allocated
     whole, and under `jax.vmap` every step copies every example's, so a larger one costs time
-    even where the solve stops early; the implicit layers' adjoints converge within 10
-    (`benchmarks/README.md`, "GMRES's restart").
+    even where the solve stops early; 10 is the faster choice measured on the package's
+    implicit layers (`benchmarks/README.md`, "GMRES's restart"). A solve that needs more steps
+    restarts, which GMRES handles at some cost in steps.
     """
 
     rtol: float | None = eqx.field(default=None, static=True)
