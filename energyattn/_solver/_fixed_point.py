@@ -200,15 +200,17 @@ class Anderson(AbstractFixedPointSolver):
     def mix(self, memory, z, fz):
         m = self.history
         g = fz - z
-        # Newest first. Everything reads the old history once (inner products, mixing) and
-        # shifts it by static slices (a scatter at a traced slot is slow under vmap).
-        old_zs, old_gs = memory.zs[:-1], memory.gs[:-1]
+        # Newest first. The inner products and the mixing read the whole old history, the
+        # oldest slot (which leaves it) weighted 0: a slice without it would be copied out
+        # first (under vmap each example's rows are a strided block), one more pass per step.
+        # The history then shifts by static slices (a scatter at a traced slot is slow under
+        # vmap).
         count = memory.count + 1
         index = jnp.arange(m)
         valid = index < count
         # The new residual's inner products are the new first row and column of the Gram
         # matrix; the rest is the old one, shifted.
-        inner = jnp.where(valid, jnp.concatenate([jnp.dot(g, g)[None], old_gs @ g]), 0)
+        inner = jnp.where(valid, jnp.concatenate([jnp.dot(g, g)[None], (memory.gs @ g)[:-1]]), 0)
         shifted = jnp.pad(memory.gram[:-1, :-1], ((1, 0), (1, 0)))
         first_row, first_column = index[:, None] == 0, index[None, :] == 0
         gram = jnp.where(
@@ -221,10 +223,12 @@ class Anderson(AbstractFixedPointSolver):
         ridge = jnp.where(valid, ridge, 1)
         weights = _spd_solve_small(gram + jnp.diag(ridge), valid.astype(z.dtype))
         alpha = weights / jnp.sum(weights)
-        mixed_old = alpha[1:] @ (old_zs + self.mixing * old_gs)
+        # The old slots' weights, in the old history's order (its oldest slot gets 0).
+        old = jnp.concatenate([alpha[1:], jnp.zeros((1,), alpha.dtype)])
+        mixed_old = old @ memory.zs + self.mixing * (old @ memory.gs)
         z_next = alpha[0] * (z + self.mixing * g) + mixed_old
-        zs = jnp.concatenate([z[None], old_zs])
-        gs = jnp.concatenate([g[None], old_gs])
+        zs = jnp.concatenate([z[None], memory.zs[:-1]])
+        gs = jnp.concatenate([g[None], memory.gs[:-1]])
         return z_next, _History(zs, gs, gram, count)
 
 
