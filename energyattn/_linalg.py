@@ -1,8 +1,10 @@
 """Dense linear algebra shared by the energies and the solvers."""
 
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+from jax.interpreters import ad
 from jaxtyping import Array, Float
 
 
@@ -68,3 +70,59 @@ def _solve_one_at_a_time(axis_size, in_batched, matrix, b):
     if not b_batched:
         b = jnp.broadcast_to(b, (axis_size, *b.shape))
     return jax.lax.map(lambda pair: _unbatched_solve(*pair), (matrix, b)), True
+
+
+def product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j"]:
+    r"""$AB$, whose reverse mode multiplies by a transposed copy of $A$.
+
+    The transpose of $x \mapsto Ax$ (reverse mode's product, e.g. $A^\top\bar u$ in a
+    vector-Jacobian product) contracts $A$ over its rows, which XLA's CPU backend runs at
+    about half the speed of a plain product (a spin-model transformer's backward pass,
+    `benchmarks/README.md`, "Spin-model transformer attention"). Here the product is a
+    primitive that carries $A^\top$ beside $A$ and transposes to itself with the two
+    swapped, so both directions are plain products; where $A$ is fixed during an iterative
+    solve (an implicit adjoint's linear solve), $A^\top$ is made once, before the loop, and
+    where reverse mode is not taken it is never made (XLA drops the unused operand).
+    Forward mode is $\dot A B + A\dot B$, the second term this same primitive.
+    """
+    return _product_p.bind(a, a.T, b)[0]
+
+
+def _product_impl(a, a_t, b):
+    return [a @ b]
+
+
+def _product_abstract_eval(a, a_t, b):
+    return [b.update(shape=(a.shape[0], b.shape[1]))]
+
+
+def _product_jvp(primals, tangents):
+    # Only A's own tangent enters: A^T is A, transposed (counting it too would count A twice).
+    a, a_t, b = primals
+    t_a, _, t_b = tangents
+    (out,) = _product_p.bind(a, a_t, b)
+    tangent = jnp.zeros_like(out)
+    if type(t_b) is not ad.Zero:
+        tangent = tangent + _product_p.bind(a, a_t, t_b)[0]
+    if type(t_a) is not ad.Zero:
+        tangent = tangent + t_a @ b
+    return [out], [tangent]
+
+
+def _product_transpose(cts, a, a_t, b):
+    # Linear in B only (A's tangent enters through a plain product, transposed by JAX).
+    if ad.is_undefined_primal(a) or ad.is_undefined_primal(a_t):
+        raise NotImplementedError("energyattn's product is linear in its right operand only")
+    (ct,) = cts
+    if type(ct) is ad.Zero:
+        return [None, None, None]
+    return [None, None, _product_p.bind(a_t, a, ct)[0]]
+
+
+_product_p = eqxi.create_vprim(
+    "energyattn_product",
+    _product_impl,
+    _product_abstract_eval,
+    _product_jvp,
+    _product_transpose,
+)

@@ -63,6 +63,36 @@ def test_row_functions():
         )
 
 
+@jax.jit
+def _products_every_way(a, b, ta, tb, w):
+    """Value, gradients, a JVP, a Hessian-vector product (forward over reverse), a batch and
+    a linear transpose of a loss through `matmul`, for the package's product and for `@`."""
+    from energyattn._linalg import product
+
+    def every_way(matmul):
+        loss = lambda a, b: jnp.sum(jnp.sin(matmul(a, b)) * w)  # noqa: E731
+        value, grads = jax.value_and_grad(loss, argnums=(0, 1))(a, b)
+        jvp = jax.jvp(loss, (a, b), (ta, tb))[1]
+        hvp = jax.jvp(lambda a, b: jax.grad(loss, argnums=(0, 1))(a, b), (a, b), (ta, tb))[1]
+        batch = jax.vmap(matmul, in_axes=(0, None))(jnp.stack([a, 2 * a]), b)
+        batch_b = jax.vmap(matmul, in_axes=(None, 1), out_axes=1)(a, jnp.stack([b, -b], 1))
+        (transposed,) = jax.linear_transpose(lambda b: matmul(a, b), b)(w)
+        return value, grads, jvp, hvp, batch, batch_b, transposed
+
+    return every_way(product), every_way(jnp.matmul)
+
+
+def test_product_with_its_transpose_equals_matmul_every_way():
+    """The TAP map's large products (`energyattn._linalg.product`, a primitive whose reverse
+    mode multiplies by a transposed copy of its left operand) equal `@` in value, first and
+    second derivatives in both modes, under vmap of either operand, and transposed."""
+    a, b, ta, tb = (jr.normal(jr.key(i), s) for i, s in enumerate([(7, 5), (5, 3)] * 2))
+    w = jr.normal(jr.key(9), (7, 3))
+    ours, plain = _products_every_way(a, b, ta, tb, w)
+    for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_tap_update_matches_the_written_sums(ref, fused, monkeypatch):
     """The matrix-product form of f equals the double sums of the equation, written out per

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._custom_types import ScalarLike
+from .._linalg import product
 
 #: Up to this many multiply-adds a product of `tap_field` is a broadcast multiply and a sum,
 #: which XLA fuses with the elementwise work around it, instead of a matrix product (a call
@@ -28,10 +29,11 @@ FUSED_PRODUCT_LIMIT = 5000
 
 
 def _product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j"]:
-    """`a @ b`, fused with its neighbours when small (`FUSED_PRODUCT_LIMIT`)."""
+    """`a @ b`, fused with its neighbours when small (`FUSED_PRODUCT_LIMIT`); when large, a
+    matrix product whose reverse mode reads `a` transposed (`energyattn._linalg.product`)."""
     if a.shape[0] * a.shape[1] * b.shape[1] <= FUSED_PRODUCT_LIMIT:
         return jnp.sum(a[:, :, None] * b[None, :, :], axis=1)
-    return a @ b
+    return product(a, b)
 
 
 def _square_norm(v: Float[Array, "... dim"]) -> Float[Array, "... 1"]:
