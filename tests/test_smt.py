@@ -93,6 +93,33 @@ def test_product_with_its_transpose_equals_matmul_every_way():
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
 
 
+def test_derivatives_through_the_matrix_products_equal_the_fused_ones(monkeypatch):
+    """Gradients and a JVP through the TAP map (ten Picard steps, differentiated step by step)
+    are the same whether the map's products are fused (small sizes) or matrix products whose
+    reverse mode reads a transposed copy (large sizes; forced here at a small size): the
+    product's derivative rules inside the solver's loop, in both modes (their second order:
+    the product's own test above)."""
+    from energyattn._energy import _smt
+
+    x, J, R = system(7)
+    dx, dJ = jr.normal(jr.key(17), x.shape), jr.normal(jr.key(27), J.shape)
+    # Ten Picard steps, differentiated one by one: reverse mode transposes every product of
+    # the map (an implicit adjoint's dense solve would not; GMRES would, but compiles longer).
+    picard = dict(solver=ea.Picard(rtol=0.0, atol=0.0), adjoint=ea.UnrolledAdjoint())
+
+    def derivatives(x, J):
+        loss = lambda x, J: jnp.sum(  # noqa: E731
+            sp.smt_magnetizations(x, J, R=R, max_steps=10, throw=False, **picard) ** 2
+        )
+        return jax.grad(loss, argnums=(0, 1))(x, J), jax.jvp(loss, (x, J), (dx, dJ))[1]
+
+    fused = jax.jit(derivatives)(x, J)
+    monkeypatch.setattr(_smt, "FUSED_PRODUCT_LIMIT", 0)
+    products = jax.jit(lambda x, J: derivatives(x, J))(x, J)  # traced again, with products
+    for a, b in zip(jax.tree.leaves(products), jax.tree.leaves(fused), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_tap_update_matches_the_written_sums(ref, fused, monkeypatch):
     """The matrix-product form of f equals the double sums of the equation, written out per
