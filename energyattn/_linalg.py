@@ -83,8 +83,12 @@ def product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j
     swapped, so both directions are plain products; where $A$ is fixed during an iterative
     solve (an implicit adjoint's linear solve), $A^\top$ is made once, before the loop, and
     where reverse mode is not taken it is never made (XLA drops the unused operand).
-    Forward mode is $\dot A B + A\dot B$, the second term this same primitive.
+    Forward mode is $\dot A B + A\dot B$, the second term this same primitive. Linear in
+    $B$ only: a product whose left operand is itself a tangent has no transpose here (write
+    `@` there). The operands are promoted to one dtype first, as `@` does.
     """
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
     return _product_p.bind(a, a.T, b)[0]
 
 

@@ -91,6 +91,12 @@ def test_product_with_its_transpose_equals_matmul_every_way():
     ours, plain = _products_every_way(a, b, ta, tb, w)
     for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
+    # Mixed dtypes promote as `@` does; each operand's cotangent keeps the operand's dtype.
+    from energyattn._linalg import product
+
+    b32 = b.astype(jnp.float32)
+    grads = jax.jit(jax.grad(lambda a, b: jnp.sum(product(a, b)), argnums=(0, 1)))(a, b32)
+    assert product(a, b32).dtype == jnp.float64 and grads[1].dtype == jnp.float32
 
 
 def test_derivatives_through_the_matrix_products_equal_the_fused_ones(monkeypatch):
