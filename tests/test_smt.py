@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
+from energyattn._linalg import product
 
 sp = ea.spin
 FIXTURE = Path(__file__).parent / "fixtures" / "smt_tap_fp_N8_D16.npz"
@@ -67,7 +68,6 @@ def test_row_functions():
 def _products_every_way(a, b, ta, tb, w):
     """Value, gradients, a JVP, a Hessian-vector product (forward over reverse), a batch and
     a linear transpose of a loss through `matmul`, for the package's product and for `@`."""
-    from energyattn._linalg import product
 
     def every_way(matmul):
         loss = lambda a, b: jnp.sum(jnp.sin(matmul(a, b)) * w)  # noqa: E731
@@ -92,8 +92,6 @@ def test_product_with_its_transpose_equals_matmul_every_way():
     for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-14)
     # Mixed dtypes promote as `@` does; each operand's cotangent keeps the operand's dtype.
-    from energyattn._linalg import product
-
     b32 = b.astype(jnp.float32)
     grads = jax.jit(jax.grad(lambda a, b: jnp.sum(product(a, b)), argnums=(0, 1)))(a, b32)
     assert product(a, b32).dtype == jnp.float64 and grads[1].dtype == jnp.float32
