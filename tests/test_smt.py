@@ -186,7 +186,16 @@ def fixture_solve(ref):
 
         (_, m), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, J)
         default = sp.smt_magnetizations(x, J, beta=beta, R=R, m0=m0)
-        return m, grads, default
+        # The same solves from the reference's start (one first-order step from m0) and
+        # from the default one: their values and numbers of TAP evaluations.
+        starts = {
+            (start_steps, name): sp.smt_steady_state(
+                x, J, beta=beta, R=R, m0=m0, start_steps=start_steps, max_steps=300, **kw
+            )
+            for start_steps in (1, sp._smt.START_STEPS)
+            for name, kw in (("tight", dict(solver=TIGHT)), ("default", {}))
+        }
+        return m, grads, default, starts
 
     return run(x, J)
 
@@ -195,7 +204,7 @@ def test_steady_state_matches_the_reference(ref, fixture_solve):
     """m* to 1e-9 of the reference's tight solve; the exact implicit gradients of sum(m*^2)
     to 1e-7 of its dense implicit-function-theorem ones; the default tolerances within what
     the reference's own defaults (tol 1e-3) allow."""
-    m, (gx, gJ), default = fixture_solve
+    m, (gx, gJ), default, _ = fixture_solve
     np.testing.assert_allclose(m, ref["m_star_tight"], rtol=0, atol=1e-9)
     np.testing.assert_allclose(gx, ref["grad_msq_x_denseIFT"], rtol=0, atol=1e-7)
     np.testing.assert_allclose(gJ, ref["grad_msq_J_denseIFT"], rtol=0, atol=1e-7)
@@ -204,6 +213,26 @@ def test_steady_state_matches_the_reference(ref, fixture_solve):
     np.testing.assert_allclose(default, ref["m_star_tight"], rtol=0, atol=1e-5)
     # The reference's own (CG, tol 1e-5) gradients carry ~2e-6 of error.
     np.testing.assert_allclose(gx, ref["grad_msq_x_tight"], rtol=0, atol=1e-5)
+
+
+def test_the_start_changes_the_iterations_not_the_steady_state(ref, fixture_solve):
+    """From the reference's start (one step of the first-order map) and from the default
+    (five), the tight solves agree to round-off and the default-tolerance ones to the
+    tolerance; the default start takes fewer evaluations of the TAP map (11 -> 9 here, a
+    system with contraction 0.56; 7 -> 4 in the benchmark's)."""
+    *_, starts = fixture_solve
+    default = sp._smt.START_STEPS
+    tight, ours = starts[1, "tight"], starts[default, "tight"]
+    np.testing.assert_allclose(ours.value, tight.value, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(ours.value, ref["m_star_tight"], rtol=0, atol=1e-12)
+    for start_steps in (1, default):
+        np.testing.assert_allclose(
+            starts[start_steps, "default"].value, ref["m_star_tight"], rtol=0, atol=1e-5
+        )
+    assert int(starts[default, "default"].num_steps) < int(starts[1, "default"].num_steps)
+    assert int(ours.num_steps) < int(tight.num_steps)
+    with pytest.raises(ValueError, match="start_steps"):
+        sp.smt_steady_state(ref["x"], ref["J"], R=ref["R"], start_steps=0)
 
 
 def _loss(x, J, beta, unrolled=False):
@@ -340,6 +369,8 @@ def test_layer_follows_the_reference_conventions():
         ea.nn.SpinTransformerAttention(10, 3, key=jr.key(0))
     with pytest.raises(ValueError, match="at least 3"):
         ea.nn.SpinTransformerAttention(8, 4, key=jr.key(0))
+    with pytest.raises(ValueError, match="start_steps"):
+        ea.nn.SpinTransformerAttention(8, 2, start_steps=0, key=jr.key(0))
 
 
 def test_attention_classifier_and_command(tmp_path, capsys, user_mode):

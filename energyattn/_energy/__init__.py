@@ -66,6 +66,7 @@ from ._rbm import (
     rbm_joint_energy as rbm_joint_energy,
 )
 from ._smt import (
+    coupling_product as coupling_product,
     smt_gamma as smt_gamma,
     smt_phi as smt_phi,
     smt_phi_inverse as smt_phi_inverse,

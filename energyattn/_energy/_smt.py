@@ -28,7 +28,7 @@ from .._linalg import product
 FUSED_PRODUCT_LIMIT = 5000
 
 
-def _product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j"]:
+def coupling_product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j"]:
     """`a @ b`, fused with its neighbours when small (`FUSED_PRODUCT_LIMIT`); when large, a
     matrix product whose reverse mode reads `a` transposed (`energyattn._linalg.product`)."""
     if a.shape[0] * a.shape[1] * b.shape[1] <= FUSED_PRODUCT_LIMIT:
@@ -207,22 +207,22 @@ def tap_field(
     field1 = smt_phi_inverse(m1, beta=beta, R=R)
     g1 = _gamma_of_magnetization(m1_sq, R2)
     g0 = g1 if m0 is m1 else _gamma_of_magnetization(_square_norm(m0), R2)
-    coupled = x + _product(J, m0)
+    coupled = x + coupling_product(J, m0)
     v = coupled - field1
     row_k = jnp.sum(K, axis=-1, keepdims=True)
-    overlap = _product(m1, m0.T)  # (m1_i . m0_j)
+    overlap = coupling_product(m1, m0.T)  # (m1_i . m0_j)
     m1_v = jnp.sum(m1 * v, axis=-1, keepdims=True)
     # sum_j K_ij (m1_i . m0_j)^2 = m1_i . sum_j K_ij (m1_i . m0_j) m0_j: the second sum is
     # needed anyway, so the first costs no (spins x spins) pass of its own.
-    weighted = _product(K * overlap, m0)
+    weighted = coupling_product(K * overlap, m0)
     first = (
         jnp.square(m1_v)
         + row_k * m1_sq / (1 + g0)
         - jnp.sum(m1 * weighted, axis=-1, keepdims=True) / (R2 * g0)
     )
     # A matrix-vector product: as a dot at every size (as a broadcast multiply and a sum, the
-    # product of `_product` below its limit, XLA's CPU backend splits the sum into a separate
-    # pass over an (N, N) intermediate: the map 1.06x slower at 65 spins, 1.03x at 17).
+    # form of `coupling_product` below its limit, XLA's CPU backend splits the sum into a
+    # separate pass over an (N, N) intermediate: the map 1.06x slower at 65 spins, 1.03x at 17).
     second = _square_norm(v) + (K @ (R2 - _square_norm(m0)[:, 0]))[:, None]
     third = m1_v * v + row_k * m1 / (1 + g0) - weighted / (R2 * g0)
     damping = beta**2 / (R2 * (g1**2 + g1))

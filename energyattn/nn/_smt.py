@@ -50,10 +50,11 @@ class SpinTransformerAttention(eqx.Module):
       [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `scale_couplings`: divide $q_h k_h^\top$ by $\sqrt d$ before the softmax (default
       `False`, as the reference).
-    - `solver`, `adjoint`, `max_steps`, `throw`: passed to
+    - `solver`, `adjoint`, `max_steps`, `start_steps`, `throw`: passed to
       [`ea.spin.smt_steady_state`][energyattn.spin.smt_steady_state] (default
       `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 100 steps,
-      raise when a head does not converge).
+      a start after 5 iterations of the first-order mean-field map, raise when a head does
+      not converge).
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
     !!! warning "On CPU"
@@ -79,6 +80,7 @@ class SpinTransformerAttention(eqx.Module):
     trained_beta: Float[Array, ""] | None
     scale_couplings: bool = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
+    start_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
     def __init__(
@@ -92,6 +94,7 @@ class SpinTransformerAttention(eqx.Module):
         solver: AbstractIterativeSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
         max_steps: int = 100,
+        start_steps: int = 5,  # as smt_steady_state's default
         throw: bool = True,
         dtype: Any = None,
         key: PRNGKeyArray,
@@ -113,6 +116,7 @@ class SpinTransformerAttention(eqx.Module):
         self.solver = solver
         self.adjoint = adjoint
         self.max_steps = positive_int("max_steps", max_steps)
+        self.start_steps = positive_int("start_steps", start_steps)
         self.throw = bool(throw)
         self.to_qk = linear(
             self.dim, 2 * self.dim, use_bias=False, dtype=default_dtype(dtype), key=key
@@ -225,6 +229,7 @@ class SpinTransformerAttention(eqx.Module):
                 solver=self.solver,
                 adjoint=self.adjoint,
                 max_steps=self.max_steps,
+                start_steps=self.start_steps,
                 throw=self.throw,
             )
 
