@@ -93,7 +93,7 @@ def smt_steady_state(
     - `m0`: the magnetizations the start is computed from (default `ones / sqrt(dim)`, as
       the reference module).
     - `start_steps`: iterations of the first-order map that place the start (default 5,
-      at least 1).
+      at least 1; each is a step of the compiled program, so keep it to a few).
     - `solver`: a fixed-point solver carrying the tolerances (default
       `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`; `ea.Picard(...)` or `ea.Newton()`
       also work).
