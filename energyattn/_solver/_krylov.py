@@ -58,8 +58,11 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
     m = min(restart, n)
     target = jnp.maximum(tol * jnp.linalg.norm(b), atol)
 
+    rows = jnp.arange(m)[:, None]
+
     def cycle(x, residual, beta, steps):
-        basis = jnp.zeros((m + 1, n), dtype).at[0].set(residual / jnp.where(beta > 0, beta, 1))
+        # m vectors: the (m+1)-th, made at a cycle's last step, only gives its norm to H.
+        basis = jnp.zeros((m, n), dtype).at[0].set(residual / jnp.where(beta > 0, beta, 1))
         R = jnp.eye(m, dtype=dtype)  # the triangular factor (unused columns: identity)
         # The product of the Givens rotations so far, as a matrix: a new column of H is
         # rotated by one product with it, not by a loop over the earlier rotations, and the
@@ -78,8 +81,11 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
             again = basis @ w
             w, h = w - basis.T @ again, h + again
             size = jnp.linalg.norm(w)
-            basis = basis.at[k + 1].set(w / jnp.where(size > 0, size, 1))
-            column = Q @ h.at[k + 1].set(size)
+            # An elementwise write of row k + 1 (not a scatter at a traced index; none at the
+            # last step): under vmap XLA fuses it with the batched loop's select and updates
+            # the basis in place, where a scatter and the select each need a basis of their own.
+            basis = jnp.where(rows == k + 1, (w / jnp.where(size > 0, size, 1))[None], basis)
+            column = Q @ jnp.concatenate([h, jnp.zeros((1,), dtype)]).at[k + 1].set(size)
             # The rotation that zeroes the column below its diagonal, and the residual.
             a, c = column[k], column[k + 1]
             radius = jnp.hypot(a, c)
@@ -93,7 +99,7 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
         k, basis, R, Q, steps = jax.lax.while_loop(cond, body, (0, basis, R, Q, steps))
         g = beta * Q[:m, 0]
         y = jax.scipy.linalg.solve_triangular(R, jnp.where(jnp.arange(m) < k, g, 0))
-        return x + basis[:m].T @ y, steps
+        return x + basis.T @ y, steps
 
     def outer_cond(carry):
         _, _, beta, steps = carry
