@@ -39,7 +39,7 @@ def mean_field_start(
     Every iterate is inside the sphere ($\lVert\varphi\rVert < R$), wherever the map
     converges or not."""
     m = m0
-    for _ in range(positive_int("start_steps", steps)):
+    for _ in range(steps):
         m = smt_phi(x + coupling_product(J, m), beta=beta, R=R)
     return m
 
@@ -128,6 +128,7 @@ def smt_steady_state(
         check_shape("m0", m0, "spins dim", spins=num_spins, dim=dim)
         m0 = jnp.asarray(m0).astype(dtype)
     max_steps = positive_int("max_steps", max_steps)
+    start_steps = positive_int("start_steps", start_steps)
     start = mean_field_start(x, J, m0, beta=beta, R=R, steps=start_steps)
     solution = fixed_point(
         _tap_map,
