@@ -353,15 +353,17 @@ class GMRES(_Krylov):
     arbitrary, and an absolute tolerance would return zero for a small cotangent.
 
     `restart` is the size of the Krylov basis (products per cycle). The basis is allocated
-    whole, and under `jax.vmap` every step copies every example's, so a larger one costs time
-    even where the solve stops early; 10 is the faster choice measured on the package's
-    implicit layers (`benchmarks/README.md`, "GMRES's restart"). A solve that needs more steps
-    restarts, which GMRES handles at some cost in steps.
+    whole, each step orthogonalises against all of it, and it is the largest buffer of a
+    backward pass through a batched implicit layer, so a larger one costs time and memory even
+    where the solve stops early; 8 holds every adjoint solve of the spin-model layer at the
+    benchmark's sizes (the same gradient as 10 or 20, to the bit) and is as fast as 10 on
+    deep implicit attention (`benchmarks/README.md`, "GMRES's restart"). A solve that needs
+    more steps restarts, which GMRES handles at some cost in steps.
     """
 
     rtol: float | None = eqx.field(default=None, static=True)
     atol: float | None = eqx.field(default=None, static=True)
-    restart: int = eqx.field(default=10, static=True)
+    restart: int = eqx.field(default=8, static=True)
     max_steps: int = eqx.field(default=200, static=True)
 
     def _run(self, operator, rhs, rtol, atol):
