@@ -7,7 +7,10 @@ are ratios. Times are medians of repeats after `block_until_ready()`.
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +91,77 @@ def interleaved(
         }
         for name in fns
     }
+
+
+#: A float32 FMA loop: 16 independent accumulators of 64 bytes each (enough to keep two
+#: pipelines of 4-cycle FMAs busy), compiled for the host (`-march=native`, so the widest
+#: vectors it has). It prints the best GFLOP/s of 5 timed runs.
+_FMA_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+typedef float vec __attribute__((vector_size(64)));
+#define STEP(x) x = x * a + b;
+#define ALL(f) f(c0) f(c1) f(c2) f(c3) f(c4) f(c5) f(c6) f(c7) \
+               f(c8) f(c9) f(c10) f(c11) f(c12) f(c13) f(c14) f(c15)
+int main(int argc, char **argv) {
+    long iters = atol(argv[1]);
+    vec a, b, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15;
+    for (int j = 0; j < 16; j++) {
+        a[j] = 0.999999f; b[j] = 1e-7f;
+        c0[j] = c1[j] = c2[j] = c3[j] = c4[j] = c5[j] = c6[j] = c7[j] = (float)j;
+        c8[j] = c9[j] = c10[j] = c11[j] = c12[j] = c13[j] = c14[j] = c15[j] = (float)-j;
+    }
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (long n = 0; n < iters; n++) { ALL(STEP) }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+        double rate = 2.0 * 16 * 16 * (double)iters / s / 1e9;
+        if (rate > best) best = rate;
+    }
+    vec sum = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11 + c12 + c13 + c14 + c15;
+    float total = 0;
+    for (int j = 0; j < 16; j++) total += sum[j];
+    printf("%.3f %g\n", best, total);  /* the sum keeps the loop from being optimised away */
+    return 0;
+}
+"""
+
+
+def fma_peak_gflops(iterations: int = 20_000_000) -> float | None:
+    """One core's float32 peak in GFLOP/s, measured: an FMA loop compiled with the system's C
+    compiler for this CPU and run in this process's CPU affinity (pin the process first).
+    `None` when there is no C compiler or the loop cannot be built or run."""
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        source, binary = Path(folder) / "fma.c", Path(folder) / "fma"
+        source.write_text(_FMA_SOURCE)
+        try:
+            subprocess.run(
+                [
+                    compiler,
+                    "-O2",
+                    "-march=native",
+                    "-ffp-contract=fast",
+                    "-o",
+                    str(binary),
+                    str(source),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            done = subprocess.run(
+                [str(binary), str(iterations)], check=True, capture_output=True, timeout=120
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return float(done.stdout.split()[0])
 
 
 def print_row(row: dict[str, Any]) -> None:

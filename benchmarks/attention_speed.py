@@ -16,10 +16,12 @@ after an untimed call of the same function (every contender alike).
 Roofline, measured in the same process before and after the table: the fastest of OpenBLAS's
 `sgemm` (NumPy's float32 `matmul`) and XLA's `jnp.dot` with its YNN (XNNPACK) fusions off and
 at its default, each on two 2048 x 2048 float32 matrices (2 * 2048^3 flops). The core's
-physical float32 peak (32 flop per cycle, two 256-bit FMA pipes of AVX-512 on Zen 4, at
-3.65 GHz as an FMA microbenchmark measured: 116.8 GFLOP/s; `--peak-gflops` for another
-machine) is printed next to it. The run checks that it is pinned to one core (`taskset`) and
-stops if any measured rate is above the peak of the cores it may use. Every row gives the
+physical float32 peak is measured in the same run by an FMA loop compiled for this CPU
+(`_common.fma_peak_gflops`: 116.8 GFLOP/s on the Zen 4 core of the earlier tables, two
+256-bit FMA pipes at 3.65 GHz; 267 on the Zen 5 core of 2026-11-28, two 512-bit pipes;
+`--peak-gflops` gives it where no C compiler is found) and printed next to it. The run checks
+that it is pinned to one core (`taskset`) and stops if any measured rate is above the peak
+of the cores it may use. Every row gives the
 `auto` energy's rate, counting 4 * seq^2 * head_dim flops per head for the forward (scores
 and output) and 12 * seq^2 * head_dim for the training step (forward and the backward's five
 products, without the probabilities' recomputation), and its fraction of the roofline.
@@ -40,15 +42,13 @@ import jax.random as jr
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, write_rows  # noqa: E402
+from _common import fma_peak_gflops, interleaved, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
 
 HEAD_DIM = 64
 BETA = HEAD_DIM**-0.5
 ROOFLINE_SIZE = 2048
-#: One Zen 4 core's float32 peak: 32 flop per cycle at the 3.65 GHz an FMA loop measured.
-PEAK_GFLOPS = 116.8
 #: Flops per head and per score entry (seq x seq) over head_dim, as counted for each mode.
 FLOPS_PER_ENTRY = {"forward": 4, "training": 12}
 #: XLA's option that picks which operations its CPU backend hands to XNNPACK's YNN kernels.
@@ -157,9 +157,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--heads", type=int, nargs="*", help="numbers of heads")
     parser.add_argument("--repeats", type=int, help="interleaved repeats (median reported)")
     parser.add_argument(
-        "--peak-gflops", type=float, default=PEAK_GFLOPS, help="one core's float32 peak"
+        "--peak-gflops",
+        type=float,
+        help="one core's float32 peak (default: measured by an FMA loop compiled for this CPU)",
     )
     args = parser.parse_args(argv)
+    if args.peak_gflops is None:
+        args.peak_gflops = fma_peak_gflops()
+        if args.peak_gflops is None:
+            raise SystemExit(
+                "could not measure the core's float32 peak (no C compiler, or the FMA loop "
+                "did not build): give it with --peak-gflops"
+            )
     seqs = args.seqs or ([512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192])
     heads_list = args.heads or [1, 8]
     repeats = args.repeats or (3 if args.quick else 5)
