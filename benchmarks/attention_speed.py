@@ -152,7 +152,7 @@ def best_product(before: dict[str, float], after: dict[str, float]) -> tuple[str
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seq <= 2048, 3 repeats")
+    parser.add_argument("--quick", action="store_true", help="seq <= 2048, one head, 3 repeats")
     parser.add_argument("--seqs", type=int, nargs="*", help="sequence lengths")
     parser.add_argument("--heads", type=int, nargs="*", help="numbers of heads")
     parser.add_argument("--repeats", type=int, help="interleaved repeats (median reported)")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "did not build): give it with --peak-gflops"
             )
     seqs = args.seqs or ([512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192])
-    heads_list = args.heads or [1, 8]
+    heads_list = args.heads or ([1] if args.quick else [1, 8])
     repeats = args.repeats or (3 if args.quick else 5)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     limit = args.peak_gflops * cores

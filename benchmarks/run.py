@@ -7,16 +7,21 @@
 `--quick` passes `--quick` to each script (small sizes, few repeats): the whole suite then
 finishes in under 5 minutes on one CPU core. Each script compares against a baseline measured
 in the same run and writes `benchmarks/results/<name>[_quick].json`.
+
+Each script runs in a process of its own, as it would alone: scripts set XLA's flags before
+JAX starts (YNN fusions off for the spin-model layer, 8 host devices for the ring), which a
+shared process could not honour once the first script had started JAX's backend, and no
+script inherits another's memory or allocator state.
 """
 
 import argparse
-import importlib
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
 
 #: name -> the question it answers (one script per question).
 BENCHMARKS = {
@@ -46,12 +51,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         help="write the JSON rows here instead of benchmarks/results/",
     )
     args = parser.parse_args(argv)
+    environment = dict(os.environ)
     if args.results is not None:
-        import _common
-
-        _common.RESULTS = args.results  # write_rows reads it when it saves
-        # ... and the scripts that rerun themselves in a subprocess read it from here.
-        os.environ["ENERGYATTN_BENCH_RESULTS"] = str(args.results)
+        # Each script's write_rows reads it (benchmarks/_common.py).
+        environment["ENERGYATTN_BENCH_RESULTS"] = str(args.results.resolve())
     names = args.only or list(BENCHMARKS)
     print(
         "Each row is printed as it is measured. Columns named 'before' are energyattn at an "
@@ -65,8 +68,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name in names:
         print(f"\n=== {name}: {BENCHMARKS[name]}", flush=True)
         start = time.perf_counter()
-        importlib.import_module(name).main(["--quick"] if args.quick else [])
+        command = [sys.executable, str(HERE / f"{name}.py"), *(["--quick"] if args.quick else [])]
+        done = subprocess.run(command, env=environment, check=False)
         seconds[name] = time.perf_counter() - start
+        if done.returncode != 0:
+            raise SystemExit(f"benchmarks/{name}.py failed (exit status {done.returncode})")
     total = time.perf_counter() - began
     print("\n" + "\n".join(f"{name:18s} {s:7.1f} s" for name, s in seconds.items()))
     print(f"{'total':18s} {total:7.1f} s")
