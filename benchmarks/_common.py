@@ -19,8 +19,7 @@ from typing import Any
 import jax
 
 #: Where the JSON rows go: `benchmarks/results/`, or the folder `run.py --results` names
-#: (passed through the environment, so scripts that rerun themselves in a subprocess, like
-#: `context_parallel.py`, write there too).
+#: (passed through the environment to each script's process).
 RESULTS = Path(os.environ.get("ENERGYATTN_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 

@@ -24,16 +24,13 @@ one-device rows; every row is tagged with the device.
 
 import os
 
-if __name__ == "__main__" and "--xla_force_host_platform_device_count" not in os.environ.get(
-    "XLA_FLAGS", ""
-):
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # Before JAX starts: 8 virtual CPU devices (GPUs and TPUs are unaffected).
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
 import argparse  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -124,12 +121,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--repeats", type=int, help="interleaved repeats (median reported)")
     args = parser.parse_args(argv)
-    if jax.default_backend() == "cpu" and jax.device_count() < 8:
-        # Imported by benchmarks/run.py after JAX started with one CPU device: run in a
-        # process of its own, which sets the flag before JAX starts.
-        command = [sys.executable, __file__] + (argv if argv is not None else sys.argv[1:])
-        subprocess.run(command, check=True)
-        return []
     seqs = args.seqs or ([8192] if args.quick else [8192, 16384, 32768, 65536])
     repeats = args.repeats or (3 if args.quick else 5)
     counts = [p for p in (1, 2, 4, 8) if p <= jax.device_count()]
