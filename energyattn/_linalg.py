@@ -19,8 +19,14 @@ def upper_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     loop states, caches) and solving with `U.T` (`cholesky_solve`) moves no data, where
     factorising $M$ and keeping $L$ costs a transposing copy of the whole matrix at each
     end (about a fifth of a factorisation each, at N = 1024 on CPU).
+
+    The zeros below the diagonal are set here, on $U$ in row-major order, not by
+    `jax.lax.linalg.cholesky` on $L$: its mask, written for $L$, made XLA lay the factor
+    out column-major around it and pay two transposing copies of the whole matrix per
+    factorisation where the factor is carried through a loop (the saddle point's Newton
+    Hessian; `benchmarks/README.md`, "Vector-spin saddle point"). Same values, bit for bit.
     """
-    return jax.lax.linalg.cholesky(matrix.T, symmetrize_input=False).T
+    return jnp.triu(jax.lax.linalg.cholesky_p.bind(matrix.T).T)
 
 
 def cholesky_solve(upper: Float[Array, "n n"], b: Float[Array, " n"]) -> Float[Array, " n"]:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
+from energyattn._linalg import upper_cholesky
 from energyattn._solver import _linear
 
 TIGHT = dict(rtol=1e-13, atol=1e-13)
@@ -663,6 +664,22 @@ def test_minimise_hopfield_energy_is_iterated_softmax_attention(getkey):
     # Plain gradient descent (Picard): its unrolled derivative converges to the implicit one.
     np.testing.assert_allclose(picard, unrolled, rtol=1e-8, atol=1e-11)
     np.testing.assert_allclose(np.sum(lbfgs * direction), (plus - minus) / (2 * eps), rtol=1e-6)
+
+
+def test_upper_cholesky_is_the_transposed_lapack_factor_with_exact_zeros():
+    """`U` with `U.T @ U = M`, zero below the diagonal (the mask is applied on `U` itself),
+    NaN where `M` is not positive definite; the same under `vmap`."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 5, 5))
+    spd = a @ np.swapaxes(a, 1, 2) + 5 * np.eye(5)
+    indefinite = spd[0] - 20 * np.eye(5)
+    batch = np.stack([spd[0], spd[1], indefinite])
+    out = np.asarray(jax.jit(jax.vmap(upper_cholesky))(jnp.asarray(batch)))
+    for k in range(2):
+        np.testing.assert_array_equal(out[k], np.asarray(upper_cholesky(jnp.asarray(batch[k]))))
+        np.testing.assert_allclose(out[k], np.linalg.cholesky(spd[k]).T, rtol=1e-13, atol=1e-13)
+        assert np.all(np.tril(out[k], -1) == 0)
+    assert np.all(np.isnan(out[2][np.triu_indices(5)])) and np.all(np.tril(out[2], -1) == 0)
 
 
 @jax.jit
