@@ -18,7 +18,7 @@ def upper_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
     $L = U^\top$ in column-major order, which is $U$ in row-major order. Keeping $U$ (in
     loop states, caches) and solving with `U.T` (`cholesky_solve`) moves no data, where
     factorising $M$ and keeping $L$ costs a transposing copy of the whole matrix at each
-    end (about a fifth of a factorisation each, at N = 1024 on CPU).
+    end (measured in `benchmarks/README.md`, "Vector-spin saddle point").
 
     The zeros below the diagonal are set here, on $U$ in row-major order, not by
     `jax.lax.linalg.cholesky` on $L$: its mask, written for $L$, made XLA lay the factor
@@ -82,8 +82,8 @@ def product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j
     r"""$AB$, whose reverse mode multiplies by a transposed copy of $A$.
 
     The transpose of $x \mapsto Ax$ (reverse mode's product, e.g. $A^\top\bar u$ in a
-    vector-Jacobian product) contracts $A$ over its rows, which XLA's CPU backend runs at
-    about half the speed of a plain product (a spin-model transformer's backward pass,
+    vector-Jacobian product) contracts $A$ over its rows, which XLA's CPU backend runs
+    much more slowly than a plain product (a spin-model transformer's backward pass,
     `benchmarks/README.md`, "Spin-model transformer attention"). Here the product is a
     primitive that carries $A^\top$ beside $A$ and transposes to itself with the two
     swapped, so both directions are plain products; where $A$ is fixed during an iterative

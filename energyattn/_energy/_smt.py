@@ -222,7 +222,7 @@ def tap_field(
     )
     # A matrix-vector product: as a dot at every size (as a broadcast multiply and a sum, the
     # form of `coupling_product` below its limit, XLA's CPU backend splits the sum into a
-    # separate pass over an (N, N) intermediate: the map 1.06x slower at 65 spins, 1.03x at 17).
+    # separate pass over an (N, N) intermediate, measurably slower at both benchmark sizes).
     second = _square_norm(v) + (K @ (R2 - _square_norm(m0)[:, 0]))[:, None]
     third = m1_v * v + row_k * m1 / (1 + g0) - weighted / (R2 * g0)
     damping = beta**2 / (R2 * (g1**2 + g1))

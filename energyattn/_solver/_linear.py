@@ -407,10 +407,8 @@ class AutoLinearSolver(AbstractLinearSolver):
     The limits are where the two cost the same on the package's implicit layers: building a
     dense matrix takes $n$ products with the operator and $O(n^3)$ to factorise, a Krylov
     solve takes as many products as its iterations, about as many as the forward solve's.
-    For a batch of 32 on one CPU core, the gradient of a spin-model transformer head with
-    102 unknowns takes 4.6x longer dense than with GMRES, and with 198 unknowns 23x; a
-    minimum of 64 unknowns 1.7x longer with Cholesky than with CG; on an H200 the dense
-    solve is faster up to about 128 unknowns (the tables are in `benchmarks/README.md`).
+    The measurements behind the limits (spin-model transformer heads, minima, on one CPU core
+    and on a GPU) are in `benchmarks/README.md`, "Dense or matrix-free implicit adjoint".
     Pass `ea.LU()` or `ea.Cholesky()` for exact solves at any size."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
