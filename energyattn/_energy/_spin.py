@@ -229,8 +229,10 @@ def inverse_and_logdet(
     \\operatorname{Tr}(V^{-1}\\dot V)$, in terms of this same function: every order of
     differentiation reuses the one factorisation instead of differentiating the Cholesky
     and triangular-solve algorithms themselves (fewer, cheaper operations to compile and run).
+    `V` is symmetric by construction (its callers' couplings are), so the factorisation
+    reads one triangle without symmetrising first, as `factor` does.
     """
-    U = jnp.linalg.cholesky(V).T
+    U = upper_cholesky(V)
     return inverse_from_upper(U), 2 * jnp.sum(jnp.log(jnp.diagonal(U)))
 
 
