@@ -1,5 +1,7 @@
 """Dense linear algebra shared by the energies and the solvers."""
 
+from collections.abc import Callable
+
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
@@ -76,6 +78,46 @@ def _solve_one_at_a_time(axis_size, in_batched, matrix, b):
     if not b_batched:
         b = jnp.broadcast_to(b, (axis_size, *b.shape))
     return jax.lax.map(lambda pair: _unbatched_solve(*pair), (matrix, b)), True
+
+
+def loop_batches(fn: Callable) -> Callable:
+    """`fn` (a LAPACK call: a factorisation, a triangular or LU solve, an eigendecomposition),
+    whose batches under `vmap` run on CPU as a loop of unbatched calls, and batched on
+    other platforms (chosen when the program is lowered).
+
+    Why: see `solve` (jaxlib 0.10's batched LAPACK kernels deadlock when a program runs
+    as many of them at once as XLA's intra-op pool has threads). Not differentiable in
+    reverse mode (`custom_vmap`): for factors that are not differentiated (the solvers'
+    steps outside an unrolled solve, the implicit adjoint's factor) and for the solves of
+    `lax.custom_linear_solve`, whose derivatives go through its matrix-vector product.
+    """
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def rule(axis_size, in_batched, *args):
+        args = jax.tree.map(
+            lambda x, batched: x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)),
+            args,
+            tuple(in_batched),
+        )
+
+        def looped(*args):
+            return jax.lax.map(lambda xs: wrapped(*xs), args)
+
+        out = jax.lax.platform_dependent(*args, cpu=looped, default=jax.vmap(fn))
+        return out, jax.tree.map(lambda _: True, out)
+
+    return wrapped
+
+
+#: LAPACK calls of the solvers and adjoints, looped under `vmap` on CPU (`loop_batches`).
+lu_factor = loop_batches(lambda matrix: jsl.lu_factor(matrix))
+lu_solve = loop_batches(lambda lu, piv, b: jsl.lu_solve((lu, piv), b))
+lu_solve_transposed = loop_batches(lambda lu, piv, b: jsl.lu_solve((lu, piv), b, trans=1))
+looped_upper_cholesky = loop_batches(upper_cholesky)
+looped_cholesky_solve = loop_batches(cholesky_solve)
+solve_upper = loop_batches(lambda upper, b: jsl.solve_triangular(upper, b))
+eigh = loop_batches(lambda matrix: jnp.linalg.eigh(matrix))
 
 
 def product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j"]:

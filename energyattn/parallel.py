@@ -73,6 +73,8 @@ def make_mesh(
     A `jax.sharding.Mesh` of shape `(num_devices,)`.
     """
     devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("devices must be a non-empty sequence of devices, got an empty one")
     n = len(devices) if num_devices is None else positive_int("num_devices", num_devices)
     if n > len(devices):
         raise ValueError(f"num_devices={n} but only {len(devices)} devices are available")

@@ -518,6 +518,11 @@ def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
         np.testing.assert_allclose(t0, t0[0], rtol=1e-6)
         trivial = models[TRIVIAL[task]]
         assert len(trivial["curve"]) == 2
+        # The trivial baseline is not iterated: no t to report, printed or written.
+        assert "best_t" not in trivial and "best_t" not in trivial["masked_region"]
+        (line,) = [line for line in said if line.startswith(f"{task}: {TRIVIAL[task]}:")]
+        assert "t=" not in line and "corrupted input" in line, line
+        assert "best_t" in models[TRAINED] and any("at t=" in line for line in said)
         controls = metrics["controls"][task]
         assert set(controls) == ({"image", "masked_region"} if task == "masked" else {"image"})
         for control in controls.values():

@@ -1,5 +1,6 @@
 """The `energyattn` command, its demos and the plots they write (`energyattn.viz`)."""
 
+import functools
 import json
 import os
 import pathlib
@@ -166,6 +167,10 @@ def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
     )
     assert f"{test['mse']:.4f}" in printed and f"{test['baseline_mse']:.4f}" in printed
     assert len(metrics["recall_energies"]) == 13
+    # The model reloads with no shapes or settings to repeat.
+    reloaded = ea.models.load_image_et(out / "model.npz")
+    assert reloaded.image_shape == (1, 8, 8) and reloaded.patch_size == 2
+    assert not reloaded.transformer.include_self and reloaded.transformer.num_steps == 12
 
 
 def test_run_demo_bad_input(user_mode, tmp_path):
@@ -247,6 +252,31 @@ def test_bad_output_folder_fails_at_once(tmp_path, capsys, monkeypatch, command)
         assert err.startswith(f"energyattn {command}: error: ") and str(out) in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert a_file.read_text() == ""
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a command: no traceback through JAX and Equinox, but one line saying
+    after which progress line it stopped and which outputs it had written; status 130."""
+    from energyattn._cli import ebt
+    from energyattn._cli.common import check_out, say, write_metrics
+
+    def interrupted_run(out, *, write, **kwargs):
+        say("ebt: 26146 parameters; training 600 steps")
+        if write:
+            write_metrics(check_out(out) / "metrics.json", {})
+        raise KeyboardInterrupt
+
+    out = tmp_path / "ebt"
+    out.mkdir()
+    (out / "thinking.png").write_bytes(b"from an earlier run")  # not written by this one
+    for write in (False, True):
+        monkeypatch.setattr(ebt, "run_ebt_demo", functools.partial(interrupted_run, write=write))
+        assert main(["ebt", "--out", str(out)]) == 130
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith("energyattn ebt: interrupted after 'ebt: 26146 parameters; "), err
+        kept = f"kept metrics.json in {out};" if write else f"wrote nothing to {out};"
+        assert kept in err and "no training checkpoint is kept" in err, err
 
 
 def test_time_limit_note():

@@ -1,8 +1,12 @@
 """The documentation: every public name in the API reference, every example runs, strict build."""
 
+import ast
+import importlib
+import importlib.util
 import inspect
 import os
 import pathlib
+import pkgutil
 import re
 import subprocess
 import sys
@@ -174,3 +178,54 @@ def test_docstring_examples_are_found():
     names = [name for name, _ in docstring_examples()]
     assert "energyattn.SumEnergy (1)" in names and "energyattn.parallel (1)" in names
     assert set(NOT_RUN) <= set(names)
+
+
+#: The control characters a docstring may hold: newline and tab. Any other comes from an escape
+#: in a non-raw string: `"""$\beta$"""` is a backspace and "eta", rendered as "⍰eta".
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def package_modules():
+    """The name of every module of the package, private ones included."""
+    found = pkgutil.walk_packages(ea.__path__, "energyattn.", onerror=lambda name: None)
+    return ["energyattn", *sorted(module.name for module in found)]
+
+
+def test_docstrings_hold_no_control_characters():
+    """Every docstring the package holds (modules, classes, functions, properties, and the
+    attribute docstrings below fields, which mkdocstrings reads from the source), public or
+    private, holds no control character but newline and tab. The source's bare strings are
+    read with `ast` (attribute docstrings exist only there), then every object's `__doc__`
+    (docstrings made at run time)."""
+    found = []
+    for name in package_modules():
+        path = importlib.util.find_spec(name).origin
+        for node in ast.walk(ast.parse(pathlib.Path(path).read_text(), path)):
+            if (
+                isinstance(node, ast.Expr)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and (bad := CONTROL.search(node.value.value))
+            ):
+                where = pathlib.Path(path).relative_to(ROOT)
+                found.append(f"{where}:{node.lineno}: {bad.group()!r} in {node.value.value!r:.60}")
+        module = importlib.import_module(name)
+        objects = [(name, module)]
+        for key, obj in vars(module).items():
+            if getattr(obj, "__module__", None) == name and (
+                inspect.isclass(obj) or inspect.isfunction(obj)
+            ):
+                objects.append((f"{name}.{key}", obj))
+                members = vars(obj).items() if inspect.isclass(obj) else ()
+                for member, value in members:
+                    value = getattr(value, "fget", value)  # a property's getter
+                    value = getattr(value, "__func__", value)  # a static or class method
+                    if inspect.isclass(value) or callable(value):
+                        objects.append((f"{name}.{key}.{member}", value))
+        for where, obj in objects:
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str) and (bad := CONTROL.search(doc)):
+                found.append(f"{where}: {bad.group()!r} in {doc!r:.60}")
+    assert not found, "control characters in docstrings (use r-strings):\n" + "\n".join(
+        sorted(set(found))
+    )

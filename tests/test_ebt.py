@@ -310,6 +310,38 @@ def test_the_ebt_command_trains_evaluates_and_draws(tmp_path, capsys):
     flops = metrics["flops_per_sequence"]
     assert flops["ebt_2_steps"] > flops["ebt_1_steps"] > flops["feed_forward"] > 0
     assert json.loads((out / "metrics.json").read_text())["train_steps"] == 24
+    assert metrics["num_test"] == 4
     for name in ("thinking.png", "completions.png"):
         image = matplotlib_image.imread(out / name)
         assert image.ndim == 3 and image.std() > 0.05
+
+
+def test_the_ebt_command_sizes_its_evaluation_and_prints_honest_labels(
+    tmp_path, monkeypatch, capsys
+):
+    """`--test-digits` reaches the evaluation (default: every held-out digit); one thinking
+    step and one candidate are singular."""
+    from energyattn._cli import ebt, main
+
+    with pytest.raises(ValueError, match="there are 359 held-out digits; cannot evaluate on 400"):
+        ebt.run_ebt_demo(tmp_path, num_test=400)
+    seen = {}
+
+    def fake_run(out, **kwargs):
+        seen.update(kwargs)
+        grid = {1: 0.5, 2: 0.25}
+        numbers = dict(ebt=grid, ebt_untrained=grid, ebt_verified=grid, mean_row=0.1)
+        return {"num_test": 7, "completion_mse": dict(numbers, feed_forward=0.2)}
+
+    monkeypatch.setattr(ebt, "run_ebt_demo", fake_run)
+    assert main(["ebt", "--test-digits", "7"]) == 0 and seen["num_test"] == 7
+    printed = capsys.readouterr().out
+    assert "7 held-out digits" in printed
+    assert "  EBT,  1 thinking step       0.5000" in printed
+    assert "  EBT,  2 thinking steps      0.2500" in printed
+    assert "  EBT, best of  1 candidate   0.5000" in printed
+    assert "  EBT, best of  2 candidates  0.2500" in printed
+    assert main(["ebt"]) == 0 and seen["num_test"] is None  # all of them
+    with pytest.raises(SystemExit):
+        main(["ebt", "--test-digits", "0"])
+    assert "--test-digits: must be >= 1" in capsys.readouterr().err

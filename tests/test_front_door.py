@@ -141,6 +141,22 @@ def test_bench_command_finds_the_benchmarks(tmp_path, monkeypatch, capsys):
     assert "no benchmarks/run.py found" in capsys.readouterr().err
 
 
+def test_bench_checks_its_names_before_running_a_script(monkeypatch, capsys):
+    """`bench --only foo`: the command's own error, listing the names, and no script run."""
+    import subprocess
+
+    def no_script(*args, **kwargs):
+        raise AssertionError("a benchmark script ran")
+
+    monkeypatch.setattr(subprocess, "run", no_script)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--benchmarks", str(ROOT / "benchmarks"), "--only", "foo", "et_recall"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "energyattn bench: error: argument --only: unknown benchmark 'foo'; choose from " in err
+    assert "et_recall, deq" in err and "run.py" not in err, err
+
+
 def test_help_documents_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

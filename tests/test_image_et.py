@@ -1,5 +1,6 @@
 """The image Energy Transformer: patches, masking, forward pass, training, checkpoints, npz."""
 
+import types
 from pathlib import Path
 
 import equinox as eqx
@@ -164,19 +165,62 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
 
 
 def test_time_limit_stops_early(tmp_path):
-    images = jnp.asarray(ea.data.load_digits("train").images[:32, None])
+    # The settings of the tests above: the step is compiled (before the clock starts) once.
     result = ea.models.train_inpainting(
         tiny_model(jr.key(0)),
-        images,
+        _training_images(),
         key=jr.key(1),
-        num_steps=1000,
-        num_masked=4,
-        batch_size=8,
         time_limit=0.0,
-        progress=False,
         checkpoint=tmp_path / "c.eqx",
+        **TRAINING,
     )
     assert not result.finished and result.step == 0 and (tmp_path / "c.eqx").exists()
+
+
+def _quadratic_loss(params, static, step_key, data, config):
+    return jnp.sum(jnp.square(eqx.combine(params, static)["w"] - data[0]))
+
+
+def test_time_limit_counts_training_not_compilation(monkeypatch):
+    """The training loops' clock starts after the training step is compiled (`energyattn
+    ebt --time-limit 20` spent its 20 s compiling and reported a model trained 1 step)."""
+    from energyattn.models import _training
+
+    compiles, started = [], []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kwargs.get("fun_name", ""))
+
+    def clock():  # never runs out: every step runs
+        started.append(len(compiles)) if not started else None
+        return 0.0
+
+    monkeypatch.setattr(_training, "time", types.SimpleNamespace(perf_counter=clock))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = _training.fit(
+            {"w": jnp.zeros(3)},
+            _quadratic_loss,
+            (jnp.ones(3),),
+            (),
+            key=jr.key(0),
+            num_steps=3,
+            learning_rate=0.1,
+            warmup_steps=None,
+            weight_decay=0.0,
+            clip_norm=1.0,
+            checkpoint=None,
+            checkpoint_every=100,
+            time_limit=60.0,
+            progress=False,
+            callback=None,
+        )
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert result.step == 3 and started
+    assert any("train_step" in name for name in compiles[: started[0]]), compiles
+    assert not any("train_step" in name for name in compiles[started[0] :]), compiles
 
 
 def test_optimizer_schedule():
@@ -263,6 +307,36 @@ def test_save_image_et_writes_exactly_the_path_atomically(tmp_path, getkey):
         ea.models.save_image_et(tmp_path / "no-such-folder" / "m.npz", model)
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         ea.models.save_image_et(tmp_path, model)
+
+
+def test_save_image_et_stores_the_settings_load_image_et_needs_none(tmp_path, getkey):
+    """The demo's `model.npz` reloads with no shapes to repeat: the file carries the
+    constructor's hyperparameters next to the weights; given ones still override them."""
+    model = tiny_model(
+        getkey(), beta=0.7, include_self=True, memory="softmax", step_size=0.05, num_steps=4
+    )
+    ea.models.save_image_et(tmp_path / "model.npz", model)
+    back = ea.models.load_image_et(tmp_path / "model.npz")
+    assert bool(eqx.tree_equal(back, model))  # the weights and the static settings
+    assert back.transformer.beta == 0.7 and back.transformer.memory == "softmax"
+    assert ea.models.load_image_et(tmp_path / "model.npz", num_steps=2).transformer.num_steps == 2
+    # A file without them (the public layout, older files) takes the released model's.
+    with np.load(tmp_path / "model.npz") as saved:
+        np.savez(tmp_path / "old.npz", **{k: saved[k] for k in saved.files if k[0].isupper()})
+    with pytest.raises(ValueError, match=r"Wenc must have shape \(768, 8\) for \(3, 224, 224\)"):
+        ea.models.load_image_et(tmp_path / "old.npz")  # (3, 224, 224) in 16x16 patches
+    old = ea.models.load_image_et(tmp_path / "old.npz", image_shape=(1, 8, 8), patch_size=2)
+    assert old.transformer.include_self and old.transformer.num_steps == 12
+    with np.load(tmp_path / "model.npz") as saved:
+        np.savez(tmp_path / "bad.npz", **dict(saved, hyperparameters=np.asarray("[1, 2]")))
+    with pytest.raises(ValueError, match="bad.npz'?: hyperparameters must be a JSON object"):
+        ea.models.load_image_et(tmp_path / "bad.npz")
+
+
+def test_save_image_et_names_what_it_saves(tmp_path, user_mode):
+    with pytest.raises(TypeError, match="saves an energyattn.models.ImageEnergyTransformer, got"):
+        ea.models.save_image_et(tmp_path / "x.npz", object())
+    assert not (tmp_path / "x.npz").exists()
 
 
 def test_load_npz_errors(tmp_path):

@@ -191,3 +191,138 @@ def test_has_aux_on_every_entry_point(user_mode):
     ):
         ea.root_find(lambda y, a: y - 1, jnp.ones(2), has_aux=True)
     assert ea.root_find(lambda y, a: y - 1, jnp.ones(2)).aux is None
+
+
+# --------------------------------------------------------------------------------------------
+# Minima are minima (issue 51's audit): every minimiser on problems where a first-order
+# stopping test is fooled, in one compiled program, under vmap, with `throw` both ways.
+
+
+def _rosenbrock(x, _):
+    return (1 - x[0]) ** 2 + 100 * (x[1] - x[0] ** 2) ** 2
+
+
+def _saddle(x, _):  # unbounded below along x1
+    return x[0] ** 2 - x[1] ** 2
+
+
+def _saddle_quartic(x, _):  # a saddle at 0, minima at (0, ±1/√2)
+    return x[0] ** 2 - x[1] ** 2 + x[1] ** 4
+
+
+def _maximum(x, _):  # a maximum at 0, minima at ±1/√2
+    return jnp.sum(-(x**2) + x**4)
+
+
+def _log_cosh(x, _):  # unbounded below; in float32 its gradient underflows to 0 near x = 88
+    return -jnp.sum(jnp.log(jnp.cosh(x)))
+
+
+F32 = jnp.float32
+TRAPS = {
+    # name: (energy, batch of starts, the minima (None: unbounded below))
+    "rosenbrock_f32": (_rosenbrock, jnp.array([[-30.0, 30.0], [-1.2, 1.0]], F32), [[1, 1]]),
+    "saddle": (_saddle, jnp.array([[0.0, 0.0], [0.3, 0.0]]), None),
+    "saddle_quartic": (_saddle_quartic, jnp.array([[1.0, 0.0], [0.0, 0.0]]), [[0, 0.5**0.5]]),
+    "maximum": (_maximum, jnp.array([[0.0], [0.0]]), [[0.5**0.5]]),
+    "log_cosh_f32": (_log_cosh, jnp.ones((2, 3), F32), None),
+}
+
+
+@eqx.filter_jit
+def _solve_traps():
+    return {
+        (name, i): jax.vmap(lambda x0, f=f, s=s: ea.minimise(f, x0, solver=s, throw=False))(starts)
+        for name, (f, starts, _) in TRAPS.items()
+        for i, s in enumerate(MINIMA)
+    }
+
+
+@pytest.fixture(scope="module")
+def traps():
+    return jax.device_get(_solve_traps())
+
+
+@pytest.mark.parametrize("name", TRAPS)
+def test_minimisers_walk_off_saddles_and_report_only_minima(traps, name):
+    energy, starts, minima = TRAPS[name]
+    for i, solver in enumerate(MINIMA):
+        sol = traps[name, i]
+        ok = np.asarray(sol.result == ea.RESULTS.successful)
+        if minima is None:  # unbounded below: said so, from every start
+            assert np.all(np.asarray(sol.result == ea.RESULTS.unbounded)), (name, solver)
+            continue
+        value = np.asarray(sol.value, np.float64)
+        # Success only at a minimum (up to the sign of each coordinate: the energies are even).
+        distance = np.abs(np.abs(value[:, None]) - np.abs(np.asarray(minima))[None]).max(-1)
+        tol = 1e-2 if starts.dtype == F32 else 1e-6
+        assert np.all(distance.min(1)[ok] <= tol), (name, solver, value)
+        if (
+            name != "rosenbrock_f32"
+            or not isinstance(solver, ea.Newton)
+            or not (solver.jacobian == "matrix-free")
+        ):
+            assert np.all(ok), (name, solver, sol.result)
+
+
+def test_minimise_throws_where_it_found_no_minimum(user_mode):
+    with pytest.raises(eqx.EquinoxRuntimeError, match="without bound"):
+        eqx.filter_jit(ea.minimise)(_log_cosh, jnp.ones(3, F32))
+    sol = eqx.filter_jit(ea.minimise)(_maximum, jnp.zeros(1))  # walks to a minimum: no raise
+    np.testing.assert_allclose(np.abs(sol.value), 0.5**0.5, rtol=1e-8)
+
+
+def test_newton_krylov_converges_on_the_residual_of_f():
+    # GMRES's inexact step leaves F's component along the small singular value of J
+    # unsolved while its size is within the tolerance: no success before F itself is small.
+    def fn(y, _):
+        return jnp.array([1.0, 1e-6], F32) * y - 1
+
+    for solver in ROOTS:
+        sol = eqx.filter_jit(ea.root_find)(fn, jnp.zeros(2, F32), solver=solver, throw=False)
+        left = np.asarray(fn(sol.value, None))
+        assert sol.result == ea.RESULTS.successful, repr(solver)
+        assert rms(left) <= 2 * float(np.finfo(np.float32).eps) ** 0.6, (repr(solver), left)
+
+
+def test_solver_arguments_are_checked_with_their_names():
+    with pytest.raises(ValueError, match="restart must be a positive integer, got 0"):
+        ea.GMRES(restart=0)
+    with pytest.raises(ValueError, match="max_steps must be at most 2147483646"):
+        ea.fixed_point(lambda y, a: 0.5 * y, jnp.ones(2), max_steps=10**12)
+    with pytest.raises(ValueError, match="y0 of dtype bfloat16.*astype"):
+        ea.root_find(lambda y, a: y - 1, jnp.zeros(2, jnp.bfloat16))
+    with pytest.raises(ValueError, match=r"x0 must hold at least one number, got shapes \(0,\)"):
+        ea.minimise(lambda x, a: jnp.sum(x**2), jnp.zeros(0))
+    assert str(ea.RESULTS.successful).endswith("<successful>")
+
+
+def test_dense_linear_algebra_makes_no_batched_lapack_call():
+    # jaxlib 0.10's batched LAPACK kernels deadlock when a program runs as many of them at
+    # once as XLA's pool has threads (README, "A known jaxlib hang on CPU"): a jit of several
+    # gradients of SpinTransformerAttention(adjoint=ImplicitAdjoint(LU())) hung. Newton's
+    # factorisations and the dense adjoints run their batches as loops of unbatched calls.
+    import re
+
+    def root(c):
+        return ea.root_find(lambda y, c: y**3 + c * y - 1, jnp.ones(3), c).value
+
+    def minimum(c, linear_solver):
+        adjoint = ea.ImplicitAdjoint(linear_solver)
+        energy = lambda x, c: jnp.sum(c * x**2 + x**4 - x)  # noqa: E731
+        return ea.minimise(energy, jnp.ones(3), c, solver=ea.Newton(), adjoint=adjoint).value
+
+    def fixed(c):
+        map_ = lambda y, c: 0.5 * jnp.tanh(y + c)  # noqa: E731
+        return ea.fixed_point(map_, jnp.zeros(3), c, adjoint=ea.ImplicitAdjoint(ea.LU())).value
+
+    def programs(c):
+        outs = [jax.jacrev(root)(c), jax.jacfwd(fixed)(c)]
+        for linear_solver in (ea.LU(), ea.Cholesky(), ea.GMRES()):
+            outs.append(jax.jacrev(lambda c, s=linear_solver: minimum(c, s))(c))
+        return outs
+
+    c = jnp.full((4, 3), 0.5)
+    text = jax.jit(jax.vmap(programs)).lower(c).as_text()
+    calls = re.findall(r'@(lapack_\w+)\(.*?num_batch_dims = "(\d+)"', text)
+    assert calls and all(batch == "0" for _, batch in calls), sorted(set(calls))

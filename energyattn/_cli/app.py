@@ -1,12 +1,14 @@
 """The `energyattn` command (also `python -m energyattn`): one subcommand per module."""
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from . import (
     attractor,
     bench,
     classify,
+    common,
     demo,
     ebt,
     ham,
@@ -15,7 +17,7 @@ from . import (
     spin_transformer,
     sweep,
 )
-from .common import avoid_xla_cpu_ynn_fusions
+from .common import avoid_xla_cpu_ynn_fusions, interrupted, output_files
 
 #: In the order of `energyattn --help`.
 COMMANDS = (
@@ -52,9 +54,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     **Returns:**
 
     The exit status: 0 on success, 1 when the command cannot run here (its output folder
-    cannot be written, an extra or a data file is missing: one line on stderr says which).
-    Bad arguments exit through argparse (`SystemExit(2)`).
+    cannot be written, an extra or a data file is missing: one line on stderr says which),
+    130 when Ctrl-C stopped it (one line on stderr says after which step, and which output
+    files it had written). Bad arguments exit through argparse (`SystemExit(2)`).
     """
     args = parser().parse_args(argv)
     avoid_xla_cpu_ynn_fusions()
-    return args.run(args)
+    before = output_files(args.out)
+    common.last_said = None
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        # One line instead of a traceback through JAX and Equinox.
+        print(interrupted(args.command, args.out, before), file=sys.stderr, flush=True)
+        return 130

@@ -20,6 +20,7 @@ from .common import (
     add_progress_flag,
     check_out,
     int_at_least,
+    plural,
     run,
     say,
     write_metrics,
@@ -142,16 +143,31 @@ class _MeanImage(eqx.Module):
         )
 
 
-def _summary(curve: np.ndarray) -> dict[str, Any]:
-    """Where a curve of errors over t = 0..T is lowest (t >= 1), and how it ends."""
+def _summary(curve: np.ndarray, iterated: bool = True) -> dict[str, Any]:
+    """Where a curve of errors over t = 0..T is lowest (t >= 1), and how it ends. A model that
+    is not iterated (T = 1: the ViT, the trivial baseline) has no `best_t`."""
     best = int(np.argmin(curve[1:])) + 1
-    return {
+    summary = {
         "t0": float(curve[0]),
         "best_t": best,
         "best": float(curve[best]),
         "final": float(curve[-1]),
         "curve": [float(v) for v in curve],
     }
+    if not iterated:
+        del summary["best_t"]
+    return summary
+
+
+def _errors(summary: dict[str, Any], steps: int) -> str:
+    """A summary's errors in words: along t for an iterated model; a model that is not
+    iterated (the ViT, the trivial baseline) has one output, next to the corrupted input."""
+    if steps == 1:
+        return f"{summary['final']:.4f} (corrupted input {summary['t0']:.4f})"
+    return (
+        f"{summary['t0']:.4f} at t=0, best {summary['best']:.4f} at t={summary['best_t']}, "
+        f"{summary['final']:.4f} at t={steps}"
+    )
 
 
 def _percent_below(value: float, reference: float) -> float:
@@ -220,8 +236,9 @@ def run_attractor_demo(
 
     The metrics: per task and model the curve over $t = 0..T$ (whole-image MSE; for masked
     prediction also `"masked_region"`, the MSE over the masked patches only), its minimum
-    over $t \ge 1$ and where it is; and under `"controls"`, per task and measure, the trained
-    attractor's best error against the untrained one and the trivial baseline.
+    over $t \ge 1$ and, for the iterated models, where it is (`best_t`); and under
+    `"controls"`, per task and measure, the trained attractor's best error against the
+    untrained one and the trivial baseline.
     """
     from .. import viz
     from ..data import load_digits
@@ -304,7 +321,9 @@ def run_attractor_demo(
                 progress=progress_bar,
             ).model
             seconds = time.perf_counter() - began
-            progress(f"{task}: {name} trained ({baseline_steps} steps) in {seconds:.1f} s")
+            progress(
+                f"{task}: {name} trained ({plural(baseline_steps, 'step')}) in {seconds:.1f} s"
+            )
             models[name] = (trained, num_iterations if depth == 1 else 1)
         panel: dict[str, np.ndarray] = {}
         rows: dict[str, np.ndarray] = {}
@@ -313,9 +332,9 @@ def run_attractor_demo(
                 model, test, task=task, key=eval_key, num_steps=steps
             )
             curve = result_curves["mse"]
-            summary = _summary(curve)
+            summary = _summary(curve, steps > 1)
             if task == "masked":
-                summary["masked_region"] = _summary(result_curves["masked_mse"])
+                summary["masked_region"] = _summary(result_curves["masked_mse"], steps > 1)
             task_metrics[name] = summary
             # t = 0 is the corrupted input; the ViT and the trivial baseline are not iterated:
             # horizontal lines.
@@ -329,16 +348,9 @@ def run_attractor_demo(
                     rows[f"{name} (t={steps})"] = states[:, -1, 0]
             else:
                 rows[name] = states[:, 1, 0]
-            line = (
-                f"{task}: {name}: MSE {summary['t0']:.4f} at t=0, best {summary['best']:.4f} "
-                f"at t={summary['best_t']}, {summary['final']:.4f} at t={steps}"
-            )
+            line = f"{task}: {name}: MSE {_errors(summary, steps)}"
             if task == "masked":
-                region = summary["masked_region"]
-                line += (
-                    f"; masked patches {region['t0']:.4f} at t=0, best {region['best']:.4f} at "
-                    f"t={region['best_t']}, {region['final']:.4f} at t={steps}"
-                )
+                line += f"; masked patches {_errors(summary['masked_region'], steps)}"
             progress(line)
         metrics["tasks"][task] = task_metrics
         metrics["controls"][task] = _controls(task, task_metrics)

@@ -1,6 +1,7 @@
 """`energyattn bench`: the benchmarks of a source checkout, run with this Python."""
 
 import argparse
+import ast
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def add_parser(commands: Any) -> None:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="run only these benchmarks (default: all)",
+        help="run only these benchmarks, by name (benchmarks/run.py's; default: all)",
     )
     parser.add_argument(
         "--benchmarks",
@@ -41,7 +42,7 @@ def add_parser(commands: Any) -> None:
         metavar="DIR",
         help="the benchmarks folder (default: ./benchmarks, else the one beside the package)",
     )
-    parser.set_defaults(run=main)
+    parser.set_defaults(run=lambda args: main(args, parser))
 
 
 def find_benchmarks(given: str | None) -> Path | None:
@@ -59,8 +60,28 @@ def find_benchmarks(given: str | None) -> Path | None:
     return next((c for c in candidates if (c / "run.py").is_file()), None)
 
 
-def main(args: argparse.Namespace) -> int:
-    """`energyattn bench`: run benchmarks/run.py in a subprocess; its exit status."""
+def benchmark_names(folder: Path) -> tuple[str, ...] | None:
+    """The names `run.py` in `folder` can run (the keys of its `BENCHMARKS`), read without
+    running it; `None` when it has no such literal (the script then checks its `--only`)."""
+    tree = ast.parse((folder / "run.py").read_text(), str(folder / "run.py"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "BENCHMARKS" for target in targets):
+            try:
+                return tuple(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`energyattn bench`: run benchmarks/run.py in a subprocess; its exit status. Unknown
+    `--only` names exit through `parser.error` (status 2) before any benchmark runs."""
     folder = find_benchmarks(args.benchmarks)
     if folder is None:
         where = args.benchmarks or "./benchmarks or beside the installed package"
@@ -68,6 +89,13 @@ def main(args: argparse.Namespace) -> int:
             "bench",
             f"no benchmarks/run.py found ({where}). The benchmarks ship with the source, not "
             "the wheel: run this from a checkout of energyattn, or pass --benchmarks DIR.",
+        )
+    names = benchmark_names(folder)
+    unknown = [name for name in args.only or () if names is not None and name not in names]
+    if unknown:
+        parser.error(
+            f"argument --only: unknown benchmark{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; choose from {', '.join(names)}"
         )
     try:
         out = check_out(args.out).resolve()

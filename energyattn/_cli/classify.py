@@ -18,6 +18,7 @@ from .common import (
     check_out,
     int_at_least,
     num_parameters,
+    plural,
     run,
     say,
     time_limit_note,
@@ -53,7 +54,8 @@ def add_parser(commands: Any) -> None:
         type=POSITIVE,
         default=None,
         metavar="SECONDS",
-        help="stop training after this many seconds (default: no limit)",
+        help="stop training after this many seconds (compilation, done first, does not count; "
+        "default: no limit)",
     )
     parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
     add_progress_flag(parser)
@@ -84,7 +86,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"fixed-point iterations: mean {test['mean_steps']:.1f}, max {test['max_steps']:.0f}; "
         f"converged {test['converged']:.1%}"
     )
-    print(f"training: {metrics['train_steps']} steps in {metrics['train_seconds']:.1f} s")
+    print(f"training: {plural(metrics['train_steps'], 'step')} in {metrics['train_seconds']:.1f} s")
     print(f"files in {args.out}")
     return 0
 

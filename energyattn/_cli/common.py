@@ -1,5 +1,6 @@
 """What every command shares: argument types, the help formatter, the output folder, and the
-way a command runs (output checked first, errors as one line, the time-limit note)."""
+way a command runs (output checked first, errors as one line, the time-limit note, the line
+printed on Ctrl-C)."""
 
 import argparse
 import json
@@ -104,9 +105,48 @@ def num_parameters(model: Any) -> int:
     return int(sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))))
 
 
+def plural(n: int, word: str) -> str:
+    """`n` and `word`, in the plural unless `n` is 1: "1 step", "2 steps"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+#: The last progress line of the running command (`say`): where Ctrl-C stopped it.
+last_said: str | None = None
+
+
 def say(line: str) -> None:
     """Progress of a command, one indented line at a time."""
+    global last_said
+    last_said = line
     print(f"  {line}", flush=True)
+
+
+def output_files(out: str | os.PathLike) -> dict[str, tuple[int, int]]:
+    """The files in a command's output folder, each with its modification time and size (none
+    when there is no folder); temporary files (hidden) are left out."""
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return {}
+    stamps = {}
+    for entry in entries:
+        if entry.is_file() and not entry.name.startswith("."):
+            info = entry.stat()
+            stamps[entry.name] = (info.st_mtime_ns, info.st_size)
+    return stamps
+
+
+def interrupted(command: str, out: str | os.PathLike, before: dict[str, tuple[int, int]]) -> str:
+    """The one line printed when Ctrl-C stops a command: after which of its progress lines,
+    and which output files it wrote (whole ones: every file is written atomically), given the
+    folder's `output_files` before it started. No command checkpoints its training."""
+    written = sorted(name for name, stamp in output_files(out).items() if before.get(name) != stamp)
+    where = f" after {last_said.strip()!r}" if last_said else ""
+    kept = f"kept {', '.join(written)} in {out}" if written else f"wrote nothing to {out}"
+    return (
+        f"energyattn {command}: interrupted{where}; {kept}; no training checkpoint is kept, so a "
+        "new run starts over"
+    )
 
 
 def fail(command: str, message: str) -> int:

@@ -29,6 +29,7 @@ from .common import (
     check_out,
     int_at_least,
     number,
+    plural,
     run,
     say,
     time_limit_note,
@@ -64,7 +65,7 @@ def add_parser(commands: Any) -> None:
         type=POSITIVE,
         default=150.0,
         metavar="SECONDS",
-        help="stop training after this many seconds (compilation included)",
+        help="stop training after this many seconds (compilation, done first, does not count)",
     )
     parser.add_argument(
         "--masked",
@@ -142,12 +143,13 @@ def run_demo(
     - `out_dir`: output folder (created if needed, and checked before any work); receives
       `inpainting.png` (rows original, masked, reconstructed), `energies.png` (energy
       against descent step on test digits),
-      `model.npz` (the trained weights, for
-      [`load_image_et`][energyattn.models.load_image_et] with `image_shape=(1, 8, 8)`,
-      `patch_size=2`, `include_self=False`) and `metrics.json`.
+      `model.npz` (the trained weights and settings:
+      `ea.models.load_image_et("model.npz")` reads it back, see
+      [`load_image_et`][energyattn.models.load_image_et]) and `metrics.json`.
     - `train_steps`: optimisation steps of the learning-rate schedule.
-    - `time_limit`: wall-clock budget of the training in seconds (compilation included), or
-      `None`; training stops early when it is spent.
+    - `time_limit`: wall-clock budget of the training in seconds (the training step is
+      compiled first, and compilation does not count), or `None`; training stops early when
+      it is spent.
     - `masked_fraction`: fraction of the 16 patches hidden per image (rounded).
     - `batch_size`, `learning_rate`: optimisation settings.
     - `seed`: seed of the initial weights, batches and masks.
@@ -189,7 +191,10 @@ def run_demo(
         f"{et.memories.shape[0]} memories; {et.num_steps} descent steps of size {et.step_size:g}"
     )
     budget = "" if time_limit is None else f" (at most {time_limit:g} s)"
-    say(f"training for {train_steps} steps{budget}, batch {batch_size}, AdamW lr {learning_rate:g}")
+    say(
+        f"training for {plural(train_steps, 'step')}{budget}, batch {batch_size}, AdamW lr "
+        f"{learning_rate:g}"
+    )
     trained = ea.models.train_inpainting(
         model,
         train_images,
@@ -211,7 +216,7 @@ def run_demo(
         mean_image=jnp.mean(train_images, axis=0),
     )
     stopped = time_limit_note(trained.step, train_steps, time_limit)
-    say(stopped or f"trained {trained.step} steps in {train_seconds:.0f} s")
+    say(stopped or f"trained {plural(trained.step, 'step')} in {train_seconds:.0f} s")
 
     # Pictures: the first test digits with their evaluation masks.
     shown = test_images[:num_examples]

@@ -18,6 +18,7 @@ from .common import (
     check_out,
     int_at_least,
     num_parameters,
+    plural,
     run,
     say,
     time_limit_note,
@@ -62,7 +63,16 @@ def add_parser(commands: Any) -> None:
         type=POSITIVE,
         default=None,
         metavar="SECONDS",
-        help="cap on each model's training time (default: no limit)",
+        help="cap on each model's training time (compilation, done first, does not count; "
+        "default: no limit)",
+    )
+    parser.add_argument(
+        "--test-digits",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="evaluate on the first N held-out digits only (the evaluation takes most of a short "
+        "run; default: all of them)",
     )
     parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches, noise")
     add_progress_flag(parser, "the progress bars")
@@ -80,6 +90,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         train_steps=args.train_steps,
         thinking_steps=args.thinking_steps,
         time_limit=args.time_limit,
+        num_test=args.test_digits,
         seed=args.seed,
         progress=say,
         progress_bar=not args.no_progress,
@@ -89,14 +100,19 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     completion = metrics["completion_mse"]
     print()
-    print("held-out digits, lower half completed from the upper half (MSE per pixel):")
+    print(
+        f"{metrics['num_test']} held-out digits, lower half completed from the upper half (MSE "
+        "per pixel):"
+    )
     for steps, value in completion["ebt"].items():
         untrained = completion["ebt_untrained"][steps]
-        print(f"  EBT, {steps:>2} thinking steps     {value:.4f}   (untrained {untrained:.4f})")
+        label = f"EBT, {steps:>2} thinking step{'' if steps == 1 else 's'}"
+        print(f"  {label:<28}{value:.4f}   (untrained {untrained:.4f})")
     for n, value in completion["ebt_verified"].items():
-        print(f"  EBT, best of {n:>2} candidates  {value:.4f}")
-    print(f"  feed-forward transformer   {completion['feed_forward']:.4f}")
-    print(f"  mean training row          {completion['mean_row']:.4f}")
+        label = f"EBT, best of {n:>2} candidate{'' if n == 1 else 's'}"
+        print(f"  {label:<28}{value:.4f}")
+    print(f"  {'feed-forward transformer':<28}{completion['feed_forward']:.4f}")
+    print(f"  {'mean training row':<28}{completion['mean_row']:.4f}")
     print(f"files in {args.out}")
     return 0
 
@@ -139,8 +155,8 @@ def run_ebt_demo(
 
     Writes `thinking.png` (error against thinking steps), `completions.png` (completed digits
     and the energy of each generated row along its descent) and `metrics.json` into `out`.
-    `thinking_grid`, `candidates` and `num_test` (the first held-out digits only) shrink the
-    evaluation (the tests' quick run).
+    `thinking_grid`, `candidates` and `num_test` (the first held-out digits only; the
+    command's `--test-digits`) shrink the evaluation (the tests' quick run).
     """
     import equinox as eqx
     import jax
@@ -160,7 +176,14 @@ def run_ebt_demo(
 
     out = check_out(out, "thinking.png", "completions.png", "metrics.json")
     train = _rows(load_digits("train").images)
-    test = _rows(load_digits("test").images)[:num_test]
+    test = _rows(load_digits("test").images)
+    if num_test is not None:
+        num_test = positive_int("num_test", num_test)
+        if num_test > len(test):
+            raise ValueError(
+                f"there are {len(test)} held-out digits; cannot evaluate on {num_test}"
+            )
+        test = test[:num_test]
     thinking_grid = tuple(positive_int("thinking steps", s) for s in thinking_grid)
     candidates = tuple(positive_int("candidates", n) for n in candidates)
     progress(
@@ -187,12 +210,14 @@ def run_ebt_demo(
         ),
         ("feed_forward", ff0, train_next_token, {}),
     ):
-        progress(f"{name}: {num_parameters(model)} parameters; training {train_steps} steps")
+        planned = plural(train_steps, "step")
+        progress(f"{name}: {num_parameters(model)} parameters; training {planned}")
         began = time.perf_counter()
         result = fn(model, train, **settings, **extra)
         seconds = time.perf_counter() - began
         stopped = time_limit_note(result.step, train_steps, time_limit)
-        progress(f"{name}: {stopped or f'trained {result.step} steps'} ({seconds:.1f} s)")
+        done = stopped or f"trained {plural(result.step, 'step')}"
+        progress(f"{name}: {done} ({seconds:.1f} s)")
         trained[name] = (result, seconds, stopped)
     ebt, ff = trained["ebt"][0].model, trained["feed_forward"][0].model
 
@@ -207,6 +232,7 @@ def run_ebt_demo(
         "seed": seed,
         "train_steps": train_steps,
         "thinking_steps_in_training": thinking_steps,
+        "num_test": len(test),
         "models": {},
     }
     for name, (result, seconds, stopped) in trained.items():

@@ -22,6 +22,7 @@ from .common import (
     check_out,
     int_at_least,
     num_parameters,
+    plural,
     run,
     say,
     time_limit_note,
@@ -86,7 +87,8 @@ def add_parser(commands: Any) -> None:
         type=POSITIVE,
         default=None,
         metavar="SECONDS",
-        help="stop training each model after this many seconds (default: no limit)",
+        help="stop training each model after this many seconds (compilation, done first, does "
+        "not count; default: no limit)",
     )
     parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
     add_progress_flag(parser, "the progress bars")
@@ -130,9 +132,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     seconds = metrics["train_seconds"]
     print(
-        f"training: {metrics['train_steps']['ham']} steps in {seconds['ham']:.1f} s (HAM), "
-        f"{metrics['train_steps']['feedforward']} steps in {seconds['feedforward']:.1f} s "
-        "(feedforward)"
+        f"training: {plural(metrics['train_steps']['ham'], 'step')} in {seconds['ham']:.1f} s "
+        f"(HAM), {plural(metrics['train_steps']['feedforward'], 'step')} in "
+        f"{seconds['feedforward']:.1f} s (feedforward)"
     )
     print(f"files in {args.out}")
     return 0
@@ -238,7 +240,7 @@ def run_ham_demo(
         metrics["train_seconds"][name] = seconds
         metrics["final_train_loss"][name] = float(result.losses[-1]) if result.losses.size else None
         metrics["stopped_by_time_limit"][name] = stopped is not None
-        progress(f"{TITLES[name]}: {result.step} steps in {seconds:.1f} s")
+        progress(f"{TITLES[name]}: {plural(result.step, 'step')} in {seconds:.1f} s")
         if stopped:
             progress(stopped)
         with atomic_output(out / f"{name}.eqx") as partial:

@@ -35,6 +35,7 @@ from .common import (
     say,
     write_metrics,
 )
+from .memory import check_memory
 
 
 def add_parser(commands: Any) -> None:
@@ -279,13 +280,20 @@ def run_hopfield_demo(
     patterns_np, labels = stored_digits(num_patterns)
     patterns = jnp.asarray(patterns_np)
     dim = patterns.shape[1]
+    num_probes = num_patterns * probes_per_pattern
+    # Per probe: the probe and the two networks' final states, their energies per sweep and
+    # step, the modern network's scores, and the scores' comparisons with every pattern.
+    check_memory(
+        num_probes * (12 * dim + 4 * (num_sweeps + num_steps + 2) + num_patterns * (12 + dim)),
+        f"probes_per_pattern={probes_per_pattern} with num_patterns={num_patterns} "
+        f"({num_probes} probes)",
+    )
     say(
         f"storing {num_patterns} binarised digits of {dim} pixels: load N/d = "
         f"{num_patterns / dim:.2f} (classical capacity ~0.14 d = {0.14 * dim:.0f} random patterns)"
     )
 
     targets = np.repeat(np.arange(num_patterns), probes_per_pattern)
-    num_probes = targets.shape[0]
     classical = ea.ClassicalHopfieldEnergy(ea.hebbian_weights(patterns))
     modern = ea.HopfieldEnergy(patterns, beta=beta)
 

@@ -21,6 +21,7 @@ import energyattn as ea
 
 from .._io import atomic_output
 from .common import SEED, add_command, check_out, int_at_least, run, say, write_metrics
+from .memory import check_memory
 
 
 def add_parser(commands: Any) -> None:
@@ -204,6 +205,13 @@ def run_landscape_demo(
     num_dims = positive_int("num_dims", num_dims, minimum=2)
     num_scales = positive_int("num_scales", num_scales, minimum=2)
     num_points = positive_int("num_points", num_points, minimum=2)
+    # Each landscape evaluates the energy on num_points^2 points: their coordinates (float64,
+    # then float32) and, per point, the scores against every stored pattern and the energy.
+    check_memory(
+        num_points**2 * (52 + 4 * num_memories),
+        f"num_points={num_points} (a {num_points} x {num_points} grid) with "
+        f"num_memories={num_memories}",
+    )
     figures = [f"flatland_{name}.png" for name in SCENARIOS]
     names = ("flatland.png", "flatland_energies.png", "self_attention_contour.png", *figures)
     names += ("self_attention_contour.npz",)

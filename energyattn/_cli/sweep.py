@@ -22,6 +22,7 @@ import numpy as np
 import energyattn as ea
 
 from .common import POSITIVE, SEED, add_command, check_out, int_at_least, run, say, write_metrics
+from .memory import check_memory
 
 #: Inverse temperatures swept by default (log-spaced, high to low temperature).
 DEFAULT_BETAS = tuple(float(b) for b in np.geomspace(0.05, 20.0, 13))
@@ -122,7 +123,8 @@ def run_sweep_demo(
     **Arguments:**
 
     - `out_dir`: output folder (created if needed).
-    - `num_spins`, `dim`: the system's size $N$ and spin dimension $D$ (at least 2 spins).
+    - `num_spins`, `dim`: the system's size $N$ and spin dimension $D$ (at least 2 of each:
+      the fields of spins of dimension 1, a layer norm over one entry, are all zero).
     - `betas`: the inverse temperatures of the sweep, values $> 0$.
     - `beta`: the inverse temperature of the $\varphi(t)$ figure and the two-spin landscape.
     - `input_dependent`: couplings $J(H)$ from query/key maps instead of a coupling matrix.
@@ -139,11 +141,25 @@ def run_sweep_demo(
     say = progress or (lambda line: None)
     num_spins = positive_int("num_spins", num_spins, minimum=2)
     dim = positive_int("dim", dim)
+    if dim == 1:
+        raise ValueError(
+            "dim must be >= 2: the fields H = LayerNorm(x)/sqrt(D) of spins of dimension 1 "
+            "are all zero (a layer norm over one entry), so the response m.H/H.H is undefined"
+        )
     betas_ = np.asarray(betas, np.float64).reshape(-1)
     if betas_.size == 0 or not np.all(betas_ > 0):
         raise ValueError(f"betas must be a non-empty sequence of values > 0, got {betas!r}")
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
+    num_points = positive_int("num_points", num_points, minimum=2)
+    # The largest arrays, in float32 (a lower bound): the inputs and fields (N, D), the
+    # couplings (N, N) and their float64 copy for the spectrum, the (num_points, N, N)
+    # matrices tI - J of the phi(t) curves, and the two-spin landscape's grid of points.
+    side = max(num_points // 4, 2)
+    check_memory(
+        4 * (2 * num_spins * dim + num_spins**2 * (3 + num_points)) + 32 * side**2,
+        f"num_spins={num_spins}, dim={dim} and num_points={num_points}",
+    )
     names = ("phi.png", "beta_sweep.png", "landscape.png", "couplings.png", "metrics.json")
     out = check_out(out_dir, *names)
     start = time.perf_counter()

@@ -78,7 +78,9 @@ def legendre_energy(lagrangian: Callable[[Array], Scalar], x: Float[ArrayLike, "
 
     $$E(x) = g \cdot x - L(x), \qquad g = \nabla L(x)$$
 
-    The activation is obtained with `jax.grad`, so any convex Lagrangian works.
+    The activation is obtained with `jax.grad`, so any convex Lagrangian works. An infinite
+    state whose activation is 0 (a masked neuron, e.g. a `-inf` logit of the softmax)
+    contributes the limit of $g_i x_i$, 0, to the energy and to its gradient.
 
     **Arguments:**
 
@@ -96,4 +98,8 @@ def legendre_energy(lagrangian: Callable[[Array], Scalar], x: Float[ArrayLike, "
     """
     x = jnp.asarray(x)
     value, g = jax.value_and_grad(lagrangian)(x)
-    return jnp.sum(g * x) - value
+    # A masked neuron (x = -inf, the usual masking value) has g = 0, and g * x is NaN where
+    # its limit is 0 (g log g -> 0 for the softmax): take the limit, through a finite x so
+    # that the gradient is not NaN either.
+    limit = jnp.isinf(x) & (g == 0)
+    return jnp.sum(g * jnp.where(limit, 0, x)) - value

@@ -16,8 +16,10 @@ Everything acts row-wise on `(spins, dim)` arrays; unbatched (use `jax.vmap` for
 """
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from .._checks import concrete_value, error_if
 from .._custom_types import ScalarLike
 from .._linalg import product
 
@@ -46,6 +48,14 @@ def _gamma_of_magnetization(m_sq: Float[Array, "... 1"], R2: ScalarLike) -> Floa
     norm (a second pass over the rows) and without the square root of a number that grows
     without bound as $\lVert m\rVert \to R$."""
     return (R2 + m_sq) / (R2 - m_sq)
+
+
+def _phi_inverse(
+    m: Float[Array, "... dim"], m_sq: Float[Array, "... 1"], beta: ScalarLike, R2: ScalarLike
+) -> Float[Array, "... dim"]:
+    r"""`smt_phi_inverse` from $\lVert m\rVert^2$, unchecked (inside the solves, where `m`
+    comes from `smt_phi` and so lies inside the sphere)."""
+    return 2 * R2 * m / (beta * (R2 - m_sq))
 
 
 def smt_gamma(
@@ -117,12 +127,31 @@ def smt_phi_inverse(
 
     The fields, shape `(..., dim)`.
 
+    **Raises:**
+
+    No field gives a row of norm $\ge R$ (the formula would return a field whose
+    magnetization is not $m$): a `ValueError` when `m` and `R` are known at trace time, a
+    runtime error (`eqx.error_if`) when they are traced.
+
     ??? cite "Source"
 
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     m = jnp.asarray(m)
-    return 2 * R**2 * m / (beta * (R**2 - _square_norm(m)))
+    m_sq, R2 = _square_norm(m), R**2
+    outside = m_sq >= R2  # NaN rows pass: NaN in, NaN out
+    known = concrete_value(outside)
+    if known is None:
+        m_sq = error_if(
+            m_sq, jnp.any(outside), "m must have rows of norm < R (inside the spins' sphere)"
+        )
+    elif np.any(known):
+        largest = float(np.sqrt(np.max(np.asarray(m_sq)[known])))
+        raise ValueError(
+            f"m must have rows of norm < R = {float(R):g} (inside the spins' sphere), got a "
+            f"row of norm {largest:g}"
+        )
+    return _phi_inverse(m, m_sq, beta, R2)
 
 
 def smt_tap_update(
@@ -204,7 +233,7 @@ def tap_field(
     same array (the steady state's map), its field and $\gamma$ are computed once."""
     R2 = R**2
     m1_sq = _square_norm(m1)
-    field1 = smt_phi_inverse(m1, beta=beta, R=R)
+    field1 = _phi_inverse(m1, m1_sq, beta, R2)
     g1 = _gamma_of_magnetization(m1_sq, R2)
     g0 = g1 if m0 is m1 else _gamma_of_magnetization(_square_norm(m0), R2)
     coupled = x + coupling_product(J, m0)

@@ -255,6 +255,10 @@ def check_solver(solver: Any, kind: type[AbstractProblem], entry: str) -> Abstra
     return solver
 
 
+#: The largest `max_steps`: the loop counts steps in int32.
+MAX_STEPS_LIMIT = 2**31 - 2
+
+
 def solve_problem(
     kind: type[AbstractProblem],
     fn: Callable,
@@ -279,7 +283,20 @@ def solve_problem(
     solver = check_solver(solver, kind, entry)
     adjoint = check_adjoint(adjoint)
     max_steps = positive_int("max_steps", max_steps)
+    if max_steps > MAX_STEPS_LIMIT:
+        raise ValueError(
+            f"max_steps must be at most {MAX_STEPS_LIMIT} (the step counter is a 32-bit "
+            f"integer), got {max_steps}"
+        )
     y0 = check_initial(y0, y0_name)
+    for leaf in jax.tree.leaves(y0):
+        if jnp.finfo(leaf.dtype).bits < 32:
+            raise ValueError(
+                f"{entry} solves in float32 or float64, got {y0_name} of dtype {leaf.dtype}: "
+                "LAPACK (Newton's steps, the dense adjoints) has no half-precision kernels, "
+                f"and half precision is coarser than the solvers' tolerances; pass "
+                f"{y0_name}.astype(jnp.float32) and cast the solution back"
+            )
     # Python floats (and arrays traced from them, whose primal is still a Python float) in
     # `args` become JAX arrays: otherwise a derivative with respect to them is lost.
     args = as_arrays(jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, args))

@@ -221,6 +221,16 @@ class AbstractIterativeSolver(eqx.Module):
         """`(value, residual, stats, extras)`: `extras` is for the adjoint (e.g. a factor of
         the Jacobian at the solution) and is not part of the public `Solution`."""
 
+    #: Whether a converged minimisation is checked by `certify` (line-search solvers).
+    certifies: ClassVar[bool] = False
+
+    def certify(
+        self, problem: AbstractProblem, args: Any, state: PyTree, unrolled: bool
+    ) -> tuple[PyTree, Bool[Array, ""], RESULTS]:
+        """`(state, minimum, verdict)`: whether the converged `state` is at a minimum; if
+        not, a state that walks on from it and a code naming what the point is."""
+        raise NotImplementedError
+
     def tolerances(self, dtype: Any) -> tuple[float, float]:
         """`(rtol, atol)`, with `None` replaced by the solver's default for `dtype`."""
         return default_tolerance(self.rtol, dtype), default_tolerance(self.atol, dtype)
@@ -251,7 +261,7 @@ def iterate(
     solvers then skip that evaluation)."""
 
     def body(carry):
-        y, state, k, _, _ = carry
+        y, state, k, _, _, _ = carry
         y, state, took_step, converged, result = solver.step(problem, y, args, state, unrolled)
         k = k + took_step.astype(k.dtype)
         ok = result == RESULTS.successful
@@ -259,16 +269,66 @@ def iterate(
             ok & ~converged & (k >= max_steps), RESULTS.max_steps_reached, result
         )
         running = (result == RESULTS.successful) & ~converged
-        return y, state, k, result, running
+        return y, state, k, result, converged, running
 
-    zero, running = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+    def run(y, state, k):
+        init = (y, state, k, ok_result(), jnp.zeros((), bool), jnp.ones((), bool))
+        return bounded_while(lambda c: c[-1], body, init, passes, unrolled)[:5]
+
     state = solver.init(problem, y0, args, start)
-    init = (y0, state, zero, ok_result(), running)
     passes = max_steps + int(solver.start_pass)
-    y, state, k, result, _ = bounded_while(lambda c: c[-1], body, init, passes, unrolled)
+    y, state, k, result, converged = run(y0, state, jnp.zeros((), jnp.int32))
+    if solver.certifies and isinstance(problem, MinimiseProblem):
+        y, state, k, result = certified(
+            solver, problem, args, unrolled, run, (y, state, k), (result, converged)
+        )
     value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)
     solution = Solution(value=value, result=result, num_steps=k, residual=residual, stats=stats)
     return solution, extras
+
+
+#: The most escapes from a stationary point that is not a minimum, in one minimisation.
+MAX_ESCAPES = 3
+
+
+def certified(solver, problem, args, unrolled, run, carry, outcome):
+    """A converged minimisation checked by `solver.certify`: from a point that is not a
+    minimum the solver walks on (`run`, the loop, with the steps left), at most
+    `MAX_ESCAPES` times; where no escape leads anywhere, the result names the point.
+
+    The check runs once per convergence, outside the loop: under `vmap` (where a branch
+    inside the loop would run on every pass) it costs one check per escape, not per step.
+    """
+
+    def check(y, state, k, result, converged):
+        ok = (result == RESULTS.successful) & converged
+
+        def certify(_):
+            return solver.certify(no_grad(problem), no_grad(args), state, unrolled)
+
+        def skip(_):
+            return state, jnp.ones((), bool), ok_result()
+
+        state, minimum, verdict = jax.lax.cond(ok, certify, skip, None)
+        result = RESULTS.where(ok & ~minimum, verdict, result)
+        return state, result, ok & ~minimum
+
+    def cond(c):
+        return c[-1]
+
+    def body(c):
+        y, state, k, verdict, escapes, _ = c
+        y, state, k1, result, converged = run(y, state, k)
+        # An escape whose first search found no lower point: what the point is stands.
+        result = RESULTS.where((result != RESULTS.successful) & (k1 == k), verdict, result)
+        state, result, again = check(y, state, k1, result, converged)
+        return y, state, k1, result, escapes + 1, again & (escapes + 1 < MAX_ESCAPES)
+
+    y, state, k = carry
+    state, result, again = check(y, state, k, *outcome)
+    init = (y, state, k, result, jnp.zeros((), jnp.int32), again)
+    y, state, k, result, _, _ = bounded_while(cond, body, init, MAX_ESCAPES, unrolled)
+    return y, state, k, result
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,6 +414,9 @@ def check_initial(y0: Any, name: str) -> State:
     leaves = jax.tree.leaves(y0)
     if not leaves:
         raise ValueError(f"{name} must contain at least one array")
+    if sum(leaf.size for leaf in leaves) == 0:
+        shapes = jax.tree.map(lambda leaf: leaf.shape, y0)
+        raise ValueError(f"{name} must hold at least one number, got shapes {shapes}")
     for leaf in leaves:
         if not jnp.issubdtype(leaf.dtype, jnp.floating):
             raise ValueError(f"{name} must hold floating-point arrays, got dtype {leaf.dtype}")

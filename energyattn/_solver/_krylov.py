@@ -10,9 +10,9 @@ an attention layer ($n$ = tokens x width). These directions use only products wi
   Hessian-vector products (forward over reverse), truncated at the first direction of
   non-positive curvature (then the step so far, or steepest descent), so every direction
   goes downhill. CG only sees the curvature along its own directions (a saddle whose
-  gradient has no component along the negative curvature looks like a minimum to it), so
-  once the step is small a Lanczos probe from a fixed pseudo-random vector estimates the
-  Hessian's smallest eigenvalue, and a negative one marks the point as not a minimum.
+  gradient has no component along the negative curvature looks like a minimum to it):
+  whether a point is a minimum is decided by a Lanczos probe from a fixed pseudo-random
+  vector (`lanczos_curvature`), once, where a minimiser stops.
 
 Each is an *inexact* Newton step: the Krylov solve stops at the relative residual
 $\eta = \min(\tfrac12, \sqrt{\operatorname{rms}(r)})$, never below $\sqrt{\epsilon}$ (the
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from .._linalg import eigh, solve_upper
 from ._iterate import bounded_while, rms
 
 Flat = Float[Array, " n"]
@@ -98,7 +99,7 @@ def gmres(matvec, b: Flat, *, tol: Any, atol: Any, restart: int, max_steps: int)
 
         k, basis, R, Q, steps = jax.lax.while_loop(cond, body, (0, basis, R, Q, steps))
         g = beta * Q[:m, 0]
-        y = jax.scipy.linalg.solve_triangular(R, jnp.where(jnp.arange(m) < k, g, 0))
+        y = solve_upper(R, jnp.where(jnp.arange(m) < k, g, 0))  # looped under vmap on CPU
         return x + basis.T @ y, steps
 
     def outer_cond(carry):
@@ -156,77 +157,94 @@ def root_direction(
     return direction, slope, solved
 
 
+def truncated_cg(
+    matvec, b: Flat, eta: Any, max_steps: int, unrolled: bool
+) -> tuple[Flat, tuple[Bool[Array, ""], Bool[Array, ""]]]:
+    r"""Conjugate gradients on $A x = b$ from $x = 0$ to $\lVert b - Ax\rVert \le
+    \eta\lVert b\rVert$, stopped at the first direction of non-positive curvature (then the
+    step so far, or $b$ itself at the first): `(x, (curved, met))`, `curved` when no such
+    direction was met, `met` when the tolerance was."""
+    target = eta * jnp.linalg.norm(b)
+
+    def cond(carry):
+        k, _, _, _, rr, stop, _ = carry
+        return ~stop & (k < max_steps) & (jnp.sqrt(rr) > target)
+
+    def body(carry):
+        k, x, r, p, rr, _, curved = carry
+        hp = matvec(p)
+        curvature = jnp.dot(p, hp)
+        bent = curvature <= 0
+        alpha = rr / jnp.where(bent, 1, curvature)
+        x_next = x + alpha * p
+        r_next = r - alpha * hp
+        rr_next = jnp.dot(r_next, r_next)
+        p_next = r_next + rr_next / jnp.where(rr == 0, 1, rr) * p
+        # Non-positive curvature: keep the step so far (or steepest descent at first).
+        x_next = jnp.where(bent, jnp.where(k == 0, b, x), x_next)
+        keep = lambda new, old: jnp.where(bent, old, new)  # noqa: E731
+        return (
+            k + 1,
+            x_next,
+            keep(r_next, r),
+            keep(p_next, p),
+            keep(rr_next, rr),
+            bent,
+            curved & ~bent,
+        )
+
+    zero = jnp.zeros_like(b)
+    init = (0, zero, b, b, jnp.dot(b, b), jnp.zeros((), bool), jnp.ones((), bool))
+    _, x, r, _, _, _, curved = bounded_while(cond, body, init, max_steps, unrolled)
+    met = jnp.linalg.norm(r) <= target
+    return x, (curved, met)
+
+
 def minimum_direction(
-    gradient_fn, y: Flat, grad: Flat, max_steps: int, unrolled: bool, small: Float[Array, ""]
+    hvp,
+    grad: Flat,
+    max_steps: int,
+    unrolled: bool,
+    eta: Float[Array, ""] | None = None,
 ) -> tuple[Flat, Bool[Array, ""], Bool[Array, ""]]:
-    r"""`(direction, positive, solved)`: conjugate gradients on $H d = -\nabla E$ ($H$ the
-    Hessian at `y`, by Hessian-vector products of `gradient_fn`), stopped at the first
-    direction $p$ with $p^\top H p \le 0$ (truncated CG): the step so far, or $-\nabla E$ if
-    that was the first. `positive`: no non-positive curvature met along the Krylov
-    directions; `solved`: CG met its tolerance."""
-    _, hvp = jax.linearize(gradient_fn, y)
-    eta = forcing(grad)
+    r"""`(direction, positive, solved)`: conjugate gradients on $H d = -\nabla E$ (`hvp`:
+    $v \mapsto Hv$ with the Hessian at the point) to the relative residual `eta` (default:
+    the forcing term), stopped at the first direction $p$ with $p^\top H p \le 0$
+    (truncated CG): the step so far, or $-\nabla E$ if that was the first. `positive`: no
+    non-positive curvature met along the Krylov directions; `solved`: CG met its tolerance
+    without meeting any. CG sees the curvature only along its own directions: whether a
+    point is a minimum is decided once, where a minimiser stops (`lanczos_curvature`)."""
+    eta = forcing(grad) if eta is None else eta
 
     def solve(matvec, b):
-        target = eta * jnp.linalg.norm(b)
-
-        def cond(carry):
-            k, _, _, _, rr, stop, _ = carry
-            return ~stop & (k < max_steps) & (jnp.sqrt(rr) > target)
-
-        def body(carry):
-            k, x, r, p, rr, _, curved = carry
-            hp = matvec(p)
-            curvature = jnp.dot(p, hp)
-            bent = curvature <= 0
-            alpha = rr / jnp.where(bent, 1, curvature)
-            x_next = x + alpha * p
-            r_next = r - alpha * hp
-            rr_next = jnp.dot(r_next, r_next)
-            p_next = r_next + rr_next / jnp.where(rr == 0, 1, rr) * p
-            # Non-positive curvature: keep the step so far (or steepest descent at first).
-            x_next = jnp.where(bent, jnp.where(k == 0, b, x), x_next)
-            keep = lambda new, old: jnp.where(bent, old, new)  # noqa: E731
-            return (
-                k + 1,
-                x_next,
-                keep(r_next, r),
-                keep(p_next, p),
-                keep(rr_next, rr),
-                bent,
-                curved & ~bent,
-            )
-
-        zero = jnp.zeros_like(b)
-        init = (0, zero, b, b, jnp.dot(b, b), jnp.zeros((), bool), jnp.ones((), bool))
-        _, x, r, _, _, _, curved = bounded_while(cond, body, init, max_steps, unrolled)
-        met = jnp.linalg.norm(r) <= target
-        return x, (curved, met)
+        return truncated_cg(matvec, b, eta, max_steps, unrolled)
 
     direction, (positive, met) = jax.lax.custom_linear_solve(
         hvp, -grad, solve, symmetric=True, has_aux=True
     )
-    # A truncated step is not Newton's (not solved); a solved one near convergence may still
-    # sit at a saddle, which only the probe sees (then converged, but not positive).
-    solved = positive & met
-    probe = solved & (rms(direction) <= small)
-    positive = jax.lax.cond(
-        probe, lambda: ~lanczos_finds_negative_curvature(hvp, grad, unrolled), lambda: positive
-    )
-    return direction, positive, solved
+    # A truncated step is not Newton's (not solved).
+    return direction, positive, positive & met
 
 
 #: Lanczos steps of the curvature probe (at most the number of unknowns).
 PROBE_STEPS = 16
 
 
-def lanczos_finds_negative_curvature(hvp, like: Flat, unrolled: bool) -> Bool[Array, ""]:
-    r"""Whether a few Lanczos steps (full reorthogonalisation) from a fixed pseudo-random
-    vector find a Ritz value of the Hessian below $-\sqrt{\epsilon}$ times its largest
-    magnitude: a negative eigenvalue, seen from a start with a component along it."""
-    n, dtype = like.shape[0], like.dtype
+def probe_vector(n: int, dtype: Any) -> Flat:
+    """A fixed pseudo-random vector of unit rms: the start of every curvature probe and the
+    direction of the energy probe (fixed, so that a solve is reproducible)."""
+    return jax.random.normal(jax.random.key(0), (n,), dtype)
+
+
+def lanczos_curvature(
+    hvp, start: Flat, unrolled: bool
+) -> tuple[Float[Array, ""], Float[Array, ""], Flat]:
+    r"""`(lowest, largest, vector)`: the extreme Ritz values of the Hessian after a few Lanczos
+    steps (full reorthogonalisation) from `start`, and the unit Ritz vector of the lowest.
+    Extreme eigenvalues are the first that Lanczos finds; a negative one is seen from any
+    start with a component along its eigenvector (a random start has one)."""
+    n, dtype = start.shape[0], start.dtype
     m = min(n, PROBE_STEPS)
-    start = jax.random.normal(jax.random.key(0), (n,), dtype)
     start = start / jnp.linalg.norm(start)
     basis = jnp.zeros((m, n), dtype).at[0].set(start)
     zeros = jnp.zeros((m,), dtype)
@@ -251,13 +269,15 @@ def lanczos_finds_negative_curvature(hvp, like: Flat, unrolled: bool) -> Bool[Ar
         return j + 1, basis, alphas.at[j].set(alpha), betas.at[j].set(beta), broke
 
     init = (0, basis, zeros, zeros, jnp.zeros((), bool))
-    steps, _, alphas, betas, _ = bounded_while(cond, body, init, m, unrolled)
+    steps, basis, alphas, betas, _ = bounded_while(cond, body, init, m, unrolled)
     # The tridiagonal matrix of the steps taken (unused rows padded far above the rest).
     used = jnp.arange(m) < steps
     top = jnp.max(jnp.abs(alphas)) + 2 * jnp.max(betas) + 1
     tri = jnp.diag(jnp.where(used, alphas, 4 * top))
     off = jnp.where(jnp.arange(m - 1) + 1 < steps, betas[:-1], 0)
     tri = tri + jnp.diag(off, 1) + jnp.diag(off, -1)
-    ritz = jnp.linalg.eigvalsh(tri)
-    size = jnp.max(jnp.abs(jnp.where(used, alphas, 0))) + jnp.max(off, initial=0)
-    return ritz[0] < -jnp.sqrt(jnp.finfo(dtype).eps) * size
+    ritz, vectors = eigh(tri)  # looped under vmap on CPU
+    largest = jnp.max(jnp.where(used, ritz, -jnp.inf))
+    vector = basis.T @ jnp.where(used, vectors[:, 0], 0)
+    vector = vector / jnp.maximum(jnp.linalg.norm(vector), jnp.finfo(dtype).tiny)
+    return ritz[0], largest, vector

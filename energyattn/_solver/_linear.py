@@ -25,13 +25,18 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 from jax.interpreters import ad
 from jaxtyping import Array, Float
 
 from .._checks import positive_int, python_float
-from .._linalg import cholesky_solve, upper_cholesky
+from .._linalg import (
+    looped_cholesky_solve,
+    looped_upper_cholesky,
+    lu_factor,
+    lu_solve,
+    lu_solve_transposed,
+)
 from ._iterate import AbstractProblem, default_tolerance, rms
 from ._krylov import gmres
 
@@ -261,8 +266,10 @@ def _factored_solve(
 def _lu_solve(
     matvec: MatVec, b: Flat, lu: Any, name: str, throw: bool, problem: ProblemType | None
 ) -> Flat:
-    apply_t = lambda r: jsl.lu_solve(lu, r, trans=1)  # noqa: E731
-    apply = lambda r: jsl.lu_solve(lu, r)  # noqa: E731
+    # Loops under vmap on CPU (`loop_batches`); custom_linear_solve differentiates the solve
+    # through `matvec`, never through these.
+    apply_t = lambda r: lu_solve_transposed(*lu, r)  # noqa: E731
+    apply = lambda r: lu_solve(*lu, r)  # noqa: E731
     return _factored_solve(matvec, b, apply, apply_t, name, throw, problem)
 
 
@@ -274,7 +281,7 @@ def _cholesky_solve(
     throw: bool,
     problem: ProblemType | None,
 ) -> Flat:
-    apply = lambda r: cholesky_solve(upper, r)  # noqa: E731
+    apply = lambda r: looped_cholesky_solve(upper, r)  # noqa: E731
     return _factored_solve(matvec, b, apply, None, name, throw, problem)
 
 
@@ -283,9 +290,9 @@ class LU(AbstractLinearSolver):
     it. Exact and robust for small systems; $O(n^3)$."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
-        return _lu_solve(
-            matvec, b, jsl.lu_factor(_dense_matrix(matvec, b)), "ea.LU", throw, problem
-        )
+        # The factor is only the solve's (its derivatives go through `matvec`).
+        lu = lu_factor(jax.lax.stop_gradient(_dense_matrix(matvec, b)))
+        return _lu_solve(matvec, b, lu, "ea.LU", throw, problem)
 
 
 class Cholesky(AbstractLinearSolver):
@@ -293,8 +300,8 @@ class Cholesky(AbstractLinearSolver):
     half the work of LU. Fails loudly when the matrix is not positive definite."""
 
     def solve(self, matvec, b, *, symmetric, factor, throw, problem=None):
-        matrix = _dense_matrix(matvec, b)
-        upper = upper_cholesky(0.5 * (matrix + matrix.T))
+        matrix = jax.lax.stop_gradient(_dense_matrix(matvec, b))
+        upper = looped_upper_cholesky(0.5 * (matrix + matrix.T))
         return _cholesky_solve(matvec, b, upper, "ea.Cholesky", throw, problem)
 
 
@@ -365,6 +372,9 @@ class GMRES(_Krylov):
     atol: float | None = eqx.field(default=None, static=True)
     restart: int = eqx.field(default=8, static=True)
     max_steps: int = eqx.field(default=200, static=True)
+
+    def __check_init__(self):
+        positive_int("restart", self.restart)
 
     def _run(self, operator, rhs, rtol, atol):
         # The test ||r||_2 <= max(rtol ||b||_2, atol'): in rms terms atol' is atol * sqrt(n).

@@ -24,9 +24,11 @@ from ._iterate import (
     AbstractProblem,
     MinimiseProblem,
     bounded_while,
+    no_grad,
     rms,
     tree_where,
 )
+from ._krylov import lanczos_curvature, probe_vector, truncated_cg
 from ._solution import RESULTS
 
 Flat = Float[Array, " n"]
@@ -113,6 +115,9 @@ def backtrack(
     return Search(accepted, saw_nan, saw_feasible, k, trial)
 
 
+#: The most Hessian-vector products of the certificate's Newton step (`certify`).
+CERTIFY_STEPS = 100
+
 #: The most doublings of an accepted full step (2^64: from any start, an energy unbounded
 #: below along the direction falls 1/eps below it).
 MAX_DOUBLINGS = 64
@@ -196,6 +201,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
     max_backtracks: eqx.AbstractVar[int]
     armijo: eqx.AbstractVar[float]
     start_pass: ClassVar[bool] = True
+    certifies: ClassVar[bool] = True
 
     @abc.abstractmethod
     def init_memory(self, problem: AbstractProblem, y: Flat, args: Any) -> Any:
@@ -214,6 +220,127 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         (`positive`: the curvature there is positive, for minimisation; `solved`: the
         direction solves its system to the solver's tolerance, so that its size may decide
         convergence: an inexact Newton step that fell short may not)."""
+
+    def exact_step(self, n: int) -> bool:
+        """Whether a direction that `propose` calls solved is the exact Newton step (so that
+        its size bounds the distance to the solution). Default: no."""
+        return False
+
+    def forget(self, memory: Any) -> Any:
+        """The memory after an escape from a point that was not a minimum (L-BFGS drops its
+        pairs). Default: kept."""
+        return memory
+
+    def certify(
+        self, problem: AbstractProblem, args: Any, state: LineSearchState, unrolled: bool
+    ) -> tuple[LineSearchState, Bool[Array, ""], RESULTS]:
+        r"""Whether the point where a minimisation converged is a minimum, and if not, the
+                state that walks on from it: `(state, minimum, verdict)`, `verdict` naming what the
+                point is. Three checks, each of which a first-order stopping test cannot make:
+
+                1. **Curvature**: a few Lanczos steps on Hessian-vector products from a fixed
+                   pseudo-random vector $u$; a Ritz value below $-\sqrt\epsilon$ times the largest
+                   is a saddle or a maximum (`indefinite`). The escape is the Ritz vector $v$,
+                   signed downhill, of length $\sqrt n\max(1, \operatorname{rms}(x))$. (Newton's
+                   dense step skips it where its Cholesky factorisation proved $H$ positive
+                   definite.)
+                2. **The energy around the point**: $E(x \pm hu)$ with $h = \epsilon^{1/3}
+                   \max(1, \operatorname{rms}(x))$. At a minimum neither falls below
+                   $E(x) - h\lvert
+        abla E^	op u
+        vert$ (beyond round-off); where one does, the
+                   gradient the solver trusted disagrees with the energy (a gradient that
+                   underflowed to zero on a saturating function, a cliff to $-\infty$:
+                   `gradient_mismatch`, or `unbounded`). The escape is that lower point.
+                3. **The distance to the minimum** (solvers whose steps are not exact Newton steps:
+                   L-BFGS, Newton–Krylov): conjugate gradients on the exact Hessian,
+                   $H d = -
+        abla E$, to the relative residual $\epsilon^{1/4}$, must give
+                   $\operatorname{rms}(d) \le 	ext{atol} + 	ext{rtol}\operatorname{rms}(x)$ (a
+                   quasi-Newton model can call a point far from the minimum converged). The
+                   escape is that Newton step (`not_stationary`).
+
+                The escape direction is not differentiated (an unrolled solve differentiates the
+                path from the escape on).
+        """
+        original, state = state, no_grad(state)  # decided without derivatives
+        point = state.point
+        y, dtype, n = point.y, point.y.dtype, point.y.shape[0]
+        eps = float(jnp.finfo(dtype).eps)
+        rtol, atol = self.tolerances(dtype)
+        tol = atol + rtol * rms(y)
+        length = jnp.maximum(rms(y), 1)
+        grad = problem.objective.gradient(y, args, point.aux)
+        u = probe_vector(n, dtype)
+        exact = self.exact_step(n)
+
+        def curvature(_):
+            _, hvp = jax.linearize(lambda z: problem.objective.residual(z, args), y)
+            lowest, largest, v = lanczos_curvature(hvp, u, unrolled)
+            if exact:
+                d, stationary = jnp.zeros_like(y), jnp.ones((), bool)
+            else:
+                # Not through custom_linear_solve: the step is not differentiated.
+                d, (curved, met) = truncated_cg(hvp, -grad, eps**0.25, CERTIFY_STEPS, unrolled)
+                stationary = curved & met & (rms(d) <= tol)
+            return lowest, largest, v, d, stationary
+
+        def known_positive(_):
+            one, zeros = jnp.ones((), dtype), jnp.zeros_like(y)
+            return one, one, zeros, zeros, jnp.ones((), bool)
+
+        # Newton's dense Hessian was factorised at this point: positive definite is proved.
+        skip = state.positive if exact else jnp.zeros((), bool)
+        lowest, largest, v, d, stationary = jax.lax.cond(skip, known_positive, curvature, None)
+        size = jnp.maximum(jnp.abs(lowest), jnp.abs(largest))
+        negative = lowest < -(eps**0.5) * size
+
+        value_fn = self.merit(problem, args)
+        h = eps ** (1 / 3) * length
+        f_plus, s_plus, _ = value_fn(y + h * u)
+        f_minus, s_minus, _ = value_fn(y - h * u)
+        scales = jnp.stack([point.scale, s_plus, s_minus])
+        slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(scales), scales, 0))
+        floor = point.f - h * jnp.abs(jnp.dot(grad, u)) - slack
+        plus, minus = f_plus < floor, f_minus < floor
+        up = plus & (~minus | (f_plus <= f_minus))
+        lower = jnp.where(up, f_plus, f_minus)
+        falls = plus | minus
+
+        # The escapes, in order of priority.
+        sign = jnp.where(jnp.dot(grad, v) > 0, -1, 1).astype(dtype)
+        span = n**0.5 * length
+        along_v = (sign * span * v, -span * jnp.abs(jnp.dot(grad, v)) + 0.5 * lowest * span**2)
+        drop = jnp.where(jnp.isfinite(lower), lower - point.f, -(1 + jnp.abs(point.f)))
+        along_u = (jnp.where(up, h, -h) * u, drop)
+        newton_slope = jnp.dot(grad, d)
+        descent = newton_slope < 0
+        newton = (
+            jnp.where(descent, d, -grad / jnp.maximum(largest, eps)),
+            jnp.where(descent, newton_slope, -jnp.dot(grad, grad) / jnp.maximum(largest, eps)),
+        )
+        direction, slope = tree_where(negative, along_v, tree_where(falls, along_u, newton))
+        where = RESULTS.where
+        verdict = where(
+            negative,
+            RESULTS.indefinite,
+            where(
+                falls,
+                where(lower == -jnp.inf, RESULTS.unbounded, RESULTS.gradient_mismatch),
+                where(stationary, RESULTS.successful, RESULTS.not_stationary),
+            ),
+        )
+        minimum = ~negative & ~falls & stationary
+        inf = jnp.full((), jnp.inf, dtype)
+        escaped = original._replace(
+            direction=direction,
+            slope=slope,
+            size=inf,
+            memory=self.forget(original.memory),
+            positive=jnp.zeros((), bool),
+            solved=jnp.zeros((), bool),
+        )
+        return tree_where(minimum, original, escaped), minimum, verdict
 
     def merit(self, problem: AbstractProblem, args: Any) -> Callable[[Flat], tuple]:
         if isinstance(problem, MinimiseProblem):
@@ -297,11 +424,16 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         else:
             # Or the residual itself is as small as the tolerances make it, relative to the
             # start's (steepest descent reaches a non-isolated root, where J is singular).
+            # An inexact (Krylov) step solves J d = -F only to a relative residual: a small
+            # one may leave F's component along a small singular value of J unsolved, so it
+            # converges on F's own residual, and while it is a Newton step it is no sign
+            # of a stalled search either.
             start_value = jnp.where(state.started, state.start_value, point.f)
             n = y.shape[0]
             reached = jnp.sqrt(2 * point.f / n) <= atol + rtol * jnp.sqrt(2 * start_value / n)
-            near = small & (solved | reached)
-            stuck = small & ~near
+            exact = self.exact_step(n)
+            near = small & (reached | (solved & exact))
+            stuck = small & ~reached & ~solved
         finite = jnp.isfinite(size) & jnp.all(jnp.isfinite(point.y))
         start_value = jnp.where(state.started, state.start_value, point.f)
         where = RESULTS.where
@@ -336,9 +468,6 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
                 ),
             ),
         )
-        if isinstance(problem, MinimiseProblem):
-            saddle = converged & ~positive & (result == RESULTS.successful)
-            result = where(saddle, RESULTS.indefinite, result)
         took_step = state.started & search.accepted
         new_state = LineSearchState(
             point=point,

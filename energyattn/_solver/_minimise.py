@@ -131,6 +131,10 @@ class LBFGS(AbstractLineSearchSolver):
         true = jnp.ones((), bool)
         return direction, slope, pairs, true, true
 
+    def forget(self, memory):
+        # The pairs described the way to a point that was not a minimum: start afresh.
+        return memory._replace(count=jnp.zeros_like(memory.count))
+
     def postprocess(self, problem, y, args, state, result):
         stats = {"value": state.point.f, "backtracks": state.backtracks}
         return y, state.size, stats, {}

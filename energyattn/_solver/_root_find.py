@@ -11,7 +11,14 @@ from jaxtyping import Array, Bool, Float
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
-from .._linalg import cholesky_solve, upper_cholesky
+from .._linalg import (
+    cholesky_solve,
+    looped_cholesky_solve,
+    looped_upper_cholesky,
+    lu_factor,
+    lu_solve,
+    upper_cholesky,
+)
 from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
 from ._iterate import (
     AbstractIterativeSolver,
@@ -46,9 +53,12 @@ def shifted_cholesky(
     """
     n = hessian.shape[0]
 
+    # Looped under vmap on CPU (`loop_batches`), except where the step is differentiated.
+    cholesky = upper_cholesky if unrolled else looped_upper_cholesky
+
     def factor(tau):
         # The identity made here, not captured: XLA would carry it through the loop.
-        upper = upper_cholesky(hessian + tau * jnp.eye(n, dtype=hessian.dtype))
+        upper = cholesky(hessian + tau * jnp.eye(n, dtype=hessian.dtype))
         return upper, jnp.all(jnp.isfinite(jnp.diagonal(upper)))
 
     upper, positive = factor(jnp.zeros((), hessian.dtype))
@@ -175,17 +185,18 @@ class Newton(AbstractLineSearchSolver):
         true = jnp.ones((), bool)
         if isinstance(problem, MinimiseProblem):
             grad, hessian, cache = problem.objective.hessian(point.y, args, point.aux)
+            solve = cholesky_solve if unrolled else looped_cholesky_solve
 
             def fresh(_):
                 upper, positive, ok = shifted_cholesky(hessian, unrolled=unrolled)
-                newton = -cholesky_solve(upper, grad)
+                newton = -solve(upper, grad)
                 return jnp.where(ok, newton, -grad), upper, positive
 
             if previous is None:
                 direction, upper, positive = fresh(None)
             else:
                 old_upper, old_positive, tol = previous
-                chord = -cholesky_solve(old_upper, grad)
+                chord = -solve(old_upper, grad)
                 reuse = old_positive & (rms(chord) <= tol) & jnp.all(jnp.isfinite(chord))
                 direction, upper, positive = jax.lax.cond(
                     reuse, lambda _: (chord, old_upper, old_positive), fresh, None
@@ -193,8 +204,12 @@ class Newton(AbstractLineSearchSolver):
             return direction, jnp.dot(grad, direction), (upper, cache), positive, true
         residual = point.aux
         jacobian = jax.jacfwd(problem.residual)(point.y, args)
-        lu = jsl.lu_factor(jacobian)
-        newton = -jsl.lu_solve(lu, residual)
+        if unrolled:
+            lu = jsl.lu_factor(jacobian)
+            newton = -jsl.lu_solve(lu, residual)
+        else:  # looped under vmap on CPU (`loop_batches`)
+            lu = lu_factor(jacobian)
+            newton = -lu_solve(*lu, residual)
         # The Newton step must solve J d = -F: a singular Jacobian gives inf or NaN, or a
         # finite step that leaves F's component outside J's range unsolved.
         eps = float(jnp.finfo(residual.dtype).eps)
@@ -210,23 +225,18 @@ class Newton(AbstractLineSearchSolver):
         # No factorisation to keep: the implicit adjoint solves matrix-free as well.
         if isinstance(problem, MinimiseProblem):
             grad = problem.objective.gradient(point.y, args, point.aux)
-            rtol, atol = self.tolerances(point.y.dtype)
-            # Near convergence (the line search's round-off floor is sqrt(tol)) the
-            # curvature is also probed by Lanczos: CG alone cannot tell a saddle.
-            small = jnp.sqrt(atol + rtol * rms(point.y))
-            direction, positive, solved = minimum_direction(
-                lambda y: problem.objective.residual(y, args),
-                point.y,
-                grad,
-                self.krylov_steps,
-                unrolled,
-                small,
-            )
+            _, hvp = jax.linearize(lambda y: problem.objective.residual(y, args), point.y)
+            direction, positive, solved = minimum_direction(hvp, grad, self.krylov_steps, unrolled)
             return direction, jnp.dot(grad, direction), (None, None), positive, solved
         direction, slope, solved = root_direction(
             lambda y: problem.residual(y, args), point.y, point.aux, self.krylov_steps
         )
         return direction, slope, None, jnp.ones((), bool), solved
+
+    def exact_step(self, n: int) -> bool:
+        """A dense step solves Newton's system exactly; a Krylov step only to its forcing
+        term, so that its size does not bound the distance to the solution."""
+        return not self.matrix_free(n)
 
     def init_memory(self, problem, y, args):
         value_fn = self.merit(problem, args)

@@ -11,13 +11,13 @@ from .._custom_types import State
 
 
 class RESULTS(eqx.Enumeration):
-    """Why a solver stopped. `RESULTS[code]` is the message; `successful` has none.
+    """Why a solver stopped. `RESULTS[code]` is the message (`successful`'s is its name).
 
     Solvers raise on anything but `successful` when `throw=True` (the default) and return
     the code in [`Solution.result`][energyattn.Solution] when `throw=False`.
     """
 
-    successful = ""
+    successful = "successful"
     max_steps_reached = (
         "the solver did not converge within `max_steps` steps; raise `max_steps`, loosen the "
         "solver's tolerances (`rtol`, `atol`), or pass `throw=False` to inspect the last iterate"
@@ -53,6 +53,17 @@ class RESULTS(eqx.Enumeration):
     stalled = (
         "the line search found no point that decreases the objective along the step, far "
         "from convergence (round-off, or a non-smooth objective); loosen the tolerances"
+    )
+    gradient_mismatch = (
+        "the solver stopped where the gradient is (nearly) zero, but the energy falls right "
+        "next to the point: the gradient disagrees with the energy (it underflowed to zero on "
+        "a saturating function, or the energy has a cliff); not a minimum. Rescale the "
+        "energy or use float64"
+    )
+    not_stationary = (
+        "the solver's steps became small, but a Newton step with the exact Hessian is not: "
+        "the point is not a minimum (its quasi-Newton model was wrong, or the problem is "
+        "badly scaled). Raise `max_steps`, use ea.Newton(), or rescale the unknowns"
     )
     no_root = (
         "the solver stopped where the residual's size |F|^2 no longer decreases but F is not "

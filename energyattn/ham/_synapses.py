@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import default_dtype, positive_int
+from .._checks import check_shape, default_dtype, positive_int, shape_str
 from .._custom_types import Scalar
 from .._energy import transformer_attention_energy, transformer_memory_energy
 from .._hyperparameters import hyperparameter, hyperparameter_fields
@@ -81,6 +81,12 @@ class DenseSynapse(eqx.Module):
         self.weight = jr.normal(key, (na, nb), default_dtype(dtype)) / jnp.sqrt(na + nb)
 
     def __call__(self, g_a: Float[Array, "..."], g_b: Float[Array, "..."]) -> Scalar:
+        for name, g, shape in (("g_a", g_a, self.shape_a), ("g_b", g_b, self.shape_b)):
+            if jnp.size(g) != math.prod(shape):
+                raise ValueError(
+                    f"{name} must have the shape {shape_str(shape)} of the layer this "
+                    f"DenseSynapse was built for (shape_{name[-1]}), got {shape_str(jnp.shape(g))}"
+                )
         return -(g_a.reshape(-1) @ self.weight @ g_b.reshape(-1))
 
 
@@ -131,7 +137,23 @@ class ConvSynapse(eqx.Module):
         )
 
     def __call__(self, g_in: Float[Array, "c h w"], g_out: Float[Array, "c2 h2 w2"]) -> Scalar:
-        return -jnp.sum(g_out * self.conv(g_in))
+        conv = self.conv
+        check_shape("g_in", g_in, "channels height width", channels=conv.in_channels)
+        seen = conv(g_in)
+        if 0 in seen.shape:
+            # Without this the energy is 0 for every state: the layers silently disconnected.
+            raise ValueError(
+                f"the kernel of this ConvSynapse (kernel_size={conv.kernel_size}, "
+                f"stride={conv.stride}, padding={conv.padding}) leaves no output position on "
+                f"g_in of shape {shape_str(jnp.shape(g_in))}: each side of g_in plus its padding "
+                "must be at least the kernel size"
+            )
+        if jnp.shape(g_out) != seen.shape:
+            raise ValueError(
+                f"g_out must have shape {shape_str(seen.shape)}, that of the convolution of "
+                f"g_in of shape {shape_str(jnp.shape(g_in))}, got {shape_str(jnp.shape(g_out))}"
+            )
+        return -jnp.sum(g_out * seen)
 
 
 class AttentionSynapse(eqx.Module):

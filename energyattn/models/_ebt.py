@@ -12,7 +12,15 @@ import jax.random as jr
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_shape, default_dtype, positive_int, python_float, shape_str
+from .._checks import (
+    check_finite,
+    check_shape,
+    check_values,
+    default_dtype,
+    positive_int,
+    python_float,
+    shape_str,
+)
 from .._energy import AbstractEnergy, attention_logsumexp, select_implementation
 from .._sharding import sequence_axis
 from .._solver import descend
@@ -48,6 +56,13 @@ def causal_attention(
     joining the sum (an energy-based transformer's candidate attending to the context up to
     its position and to itself).
     """
+    check_shape("q", q, "seq head_dim")
+    seq, head_dim = q.shape
+    check_shape("k", k, "seq head_dim", seq=seq, head_dim=head_dim)
+    check_shape("v", v, "seq width", seq=seq)
+    if own is not None:
+        check_shape("own[0] (the own keys)", own[0], "seq head_dim", seq=seq, head_dim=head_dim)
+        check_shape("own[1] (the own values)", own[1], "seq width", seq=seq, width=v.shape[1])
     method = select_implementation(
         implementation,
         entries=q.shape[0] * k.shape[0],
@@ -380,6 +395,9 @@ class EnergyBasedTransformer(AbstractEnergy):
     def context(self, x: Float[ArrayLike, "seq token_dim"]) -> "EBTContext":
         """The energy of candidates for this context: the context stream run once, its keys
         and values cached."""
+        # NaN in the context reaches the candidates through the cache: name the tokens, not
+        # the cache (descend would blame `energy.cache[0]`).
+        x = check_finite("x (the context tokens)", self.transformer.check_tokens("x", x))
         _, cache = self.transformer.states(x)
         return EBTContext(self, cache)
 
@@ -477,6 +495,14 @@ def lowest_per_position(
 ) -> Float[Array, "seq token_dim"]:
     """Self-verification: at every position, the candidate of lowest energy $e_t$ (one choice
     per position, valid because $e_t$ depends on the candidate at $t$ alone)."""
+    check_shape("candidates", candidates, "candidates seq token_dim")
+    num, seq = jnp.shape(candidates)[:2]
+    if jnp.shape(energies) != (num, seq):
+        raise ValueError(
+            f"energies must have shape (candidates={num}, seq={seq}), one per candidate and "
+            f"position of candidates (shape {shape_str(jnp.shape(candidates))}), got "
+            f"{shape_str(jnp.shape(energies))}"
+        )
     best = jnp.argmin(energies, axis=0)
     return jnp.take_along_axis(candidates, best[None, :, None], axis=0)[0]
 
@@ -559,14 +585,19 @@ class ReplayBuffer(eqx.Module):
 
     def add(self, predictions: Float[Array, "n seq token_dim"]) -> "ReplayBuffer":
         """The buffer with `predictions` written over its oldest entries."""
-        capacity = self.samples.shape[0]
+        capacity, seq, token_dim = self.samples.shape
+        check_shape("predictions", predictions, "n seq token_dim", seq=seq, token_dim=token_dim)
         slots = (self.count + jnp.arange(predictions.shape[0])) % capacity
         samples = self.samples.at[slots].set(predictions.astype(self.samples.dtype))
         return ReplayBuffer(samples, self.count + predictions.shape[0])
 
     def starts(self, key: PRNGKeyArray, noise: Array, ratio: float) -> Array:
         """`noise` `(n, seq, token_dim)` with each entry replaced, with probability `ratio`, by
-        a uniformly drawn stored prediction (none while the buffer is empty)."""
+        a uniformly drawn stored prediction (none while the buffer is empty); `ratio` is a
+        probability, in $[0, 1]$."""
+        _, seq, token_dim = self.samples.shape
+        check_shape("noise", noise, "n seq token_dim", seq=seq, token_dim=token_dim)
+        ratio = check_values("ratio", ratio, lambda r: (r >= 0) & (r <= 1), "in [0, 1]")
         pick_key, use_key = jr.split(key)
         filled = jnp.minimum(self.count, self.samples.shape[0])
         index = jr.randint(pick_key, (noise.shape[0],), 0, jnp.maximum(filled, 1))
@@ -692,6 +723,12 @@ def _ebt_loss(
     return loss, buffer
 
 
+def _probability(name: str, value: Any) -> float:
+    """A Python float in $[0, 1]$ fixed at trace time, or a `ValueError` naming it."""
+    check_values(name, value, lambda p: (p >= 0) & (p <= 1), "in [0, 1]")
+    return python_float(name, value, allow_zero=True)
+
+
 def _check_sequences(model: CausalTransformer, sequences: Any, batch_size: int) -> Array:
     sequences = jnp.asarray(sequences)
     if sequences.ndim != 3 or sequences.shape[2] != model.token_dim:
@@ -795,7 +832,7 @@ def train_ebt(
         bool(detach_steps),
         python_float("init_scale", model.init_scale if init_scale is None else init_scale),
         noise,
-        python_float("replay_ratio", replay_ratio, allow_zero=True),
+        _probability("replay_ratio", replay_ratio),
     )
     result = fit(
         model,

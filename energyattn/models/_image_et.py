@@ -1,6 +1,7 @@
 """Masked-image inpainting with an Energy Transformer."""
 
 import collections
+import json
 import zipfile
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -269,9 +270,15 @@ _NPZ_KEYS = (
 )
 
 
-def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    # The arrays of the checkpoint layout; a clear `ValueError` naming the file for anything
-    # else (np.load would try to unpickle a text file).
+#: The entry of a file written by `save_image_et` that holds the model's hyperparameters (a
+#: JSON object as a string array; the public checkpoint has none).
+_HYPERPARAMETERS = "hyperparameters"
+
+
+def _read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    # The arrays of the checkpoint layout and the stored hyperparameters (empty when the file
+    # has none); a clear `ValueError` naming the file for anything else (np.load would try to
+    # unpickle a text file).
     try:
         file = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
@@ -293,6 +300,7 @@ def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
             )
         try:
             arrays = {k: np.asarray(file[k]) for k in _NPZ_KEYS}
+            stored = np.asarray(file[_HYPERPARAMETERS]) if _HYPERPARAMETERS in file.files else None
         except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
             raise ValueError(f"{str(path)!r} is truncated or damaged ({error})") from None
     for name, array in arrays.items():
@@ -300,7 +308,18 @@ def _read_npz(path: str | Path) -> dict[str, np.ndarray]:
             raise ValueError(
                 f"{str(path)!r}: {name} must hold real numbers, got dtype {array.dtype}"
             )
-    return arrays
+    hyperparameters = {}
+    if stored is not None:
+        try:
+            hyperparameters = json.loads(str(stored.item())) if stored.dtype.kind == "U" else None
+        except (ValueError, TypeError):
+            hyperparameters = None
+        if not isinstance(hyperparameters, dict):
+            raise ValueError(
+                f"{str(path)!r}: {_HYPERPARAMETERS} must be a JSON object (as save_image_et "
+                f"writes it), got {str(stored)[:80]!r}"
+            )
+    return arrays, hyperparameters
 
 
 def _token_dim(arrays: dict[str, np.ndarray]) -> int:
@@ -314,17 +333,25 @@ def _token_dim(arrays: dict[str, np.ndarray]) -> int:
     return max(counts, key=lambda size: (counts[size], size == first))
 
 
+#: The settings of the released ImageNet model, for files that do not store theirs.
+_RELEASED = dict(
+    image_shape=(3, 224, 224), patch_size=16, include_self=True, step_size=0.1, num_steps=12
+)
+
+
 def load_image_et(
     path: str | Path,
     *,
-    image_shape: tuple[int, int, int] = (3, 224, 224),
-    patch_size: int = 16,
-    include_self: bool = True,
-    step_size: float = 0.1,
-    num_steps: int = 12,
+    image_shape: tuple[int, int, int] | None = None,
+    patch_size: int | None = None,
+    include_self: bool | None = None,
+    step_size: float | None = None,
+    num_steps: int | None = None,
     dtype: Any = None,
 ) -> ImageEnergyTransformer:
-    r"""Load Energy Transformer weights from an `.npz` file in the public checkpoint's layout.
+    r"""Load Energy Transformer weights from an `.npz` file in the public checkpoint's layout,
+    such as [`save_image_et`][energyattn.models.save_image_et] writes (the model of
+    `energyattn demo` is its `model.npz`).
 
     The file holds one array per key ($H$ heads, $Y$ head dim, $D$ token dim, $M$ memories,
     $Z = C p^2$ pixels per patch, $N$ patches):
@@ -340,10 +367,31 @@ def load_image_et(
     | `POS_embed` | `(N + 1, D)` | position embeddings, CLS first |
 
     Patches are flattened in (channel, row, column) order and ordered row by row, as in
-    [`patchify`][energyattn.data.patchify]. The attention uses $\beta = 1/\sqrt{Y}$, and the
-    released ImageNet weights were trained with the self term in the attention sum
-    (`include_self=True`). The image shape and patch size are not stored in the file; the
-    defaults are the released model's (ImageNet, `(3, 224, 224)`, 16-pixel patches).
+    [`patchify`][energyattn.data.patchify].
+
+    A file written by `save_image_et` also stores the model's hyperparameters (image shape,
+    patch size, $\beta$, `include_self`, `memory`, `step_size`, `num_steps`, as a JSON string
+    under `hyperparameters`), so it loads with no settings to repeat:
+
+    ```python
+    import tempfile
+    from pathlib import Path
+
+    import jax.random as jr
+    import energyattn as ea
+
+    model = ea.models.ImageEnergyTransformer(
+        (1, 8, 8), 2, dim=8, num_heads=2, head_dim=4, num_memories=16, num_steps=3, key=jr.key(0)
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        ea.models.save_image_et(Path(folder) / "model.npz", model)
+        back = ea.models.load_image_et(Path(folder) / "model.npz")
+    assert back.image_shape == (1, 8, 8) and back.transformer.num_steps == 3
+    ```
+
+    The public checkpoint stores none: the arguments' defaults are then the released
+    model's (ImageNet, `(3, 224, 224)`, 16-pixel patches, trained with the self term in the
+    attention sum, `include_self=True`), and the attention uses $\beta = 1/\sqrt{Y}$.
 
     `Xi` is read exactly as the public checkpoint's own loader reads it (`D, M = Xi.shape`),
     also when $M = D$. (Earlier versions of `save_image_et` wrote `(M, D)`; transpose the
@@ -353,15 +401,30 @@ def load_image_et(
 
     - `path`: the `.npz` file.
     - `image_shape`, `patch_size`: the images the weights are for.
-    - `include_self`, `step_size`, `num_steps`: dynamics settings (not stored in the file).
+    - `include_self`, `step_size`, `num_steps`: dynamics settings.
     - `dtype`: convert the weights to this dtype (default float32, float64 under x64).
+
+    Each setting left `None` is the file's, else the released model's; one given overrides
+    the file's.
 
     **Returns:**
 
     An [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer].
     """
-    arrays = _read_npz(path)
-    (channels, height, width), patch_size = check_image_shape(image_shape, patch_size)
+    arrays, stored = _read_npz(path)
+    given = dict(
+        image_shape=image_shape,
+        patch_size=patch_size,
+        include_self=include_self,
+        step_size=step_size,
+        num_steps=num_steps,
+    )
+    settings = {
+        name: value if value is not None else stored.get(name, _RELEASED[name])
+        for name, value in given.items()
+    }
+    image_shape = tuple(settings["image_shape"])
+    (channels, height, width), patch_size = check_image_shape(image_shape, settings["patch_size"])
     for name, axes in (("Wq", "heads, head_dim, dim"), ("Xi", "dim, memories")):
         if arrays[name].ndim != len(axes.split(", ")):
             raise ValueError(
@@ -412,9 +475,11 @@ def load_image_et(
         num_heads=heads,
         head_dim=head_dim,
         num_memories=memories.shape[0],
-        include_self=include_self,
-        step_size=step_size,
-        num_steps=num_steps,
+        beta=stored.get("beta"),
+        include_self=settings["include_self"],
+        memory=stored.get("memory", "relu"),
+        step_size=settings["step_size"],
+        num_steps=settings["num_steps"],
         dtype=dtype,
         key=jr.key(0),
     )
@@ -452,14 +517,24 @@ def load_image_et(
 
 
 def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
-    """Write a model's weights as an `.npz` file in the public Energy Transformer checkpoint's
-    layout, which [`load_image_et`][energyattn.models.load_image_et] reads (`Xi` is the
-    memories transposed, `(D, M)`).
+    r"""Write a model's weights as an `.npz` file in the public Energy Transformer checkpoint's
+    layout (`Xi` is the memories transposed, `(D, M)`), with its hyperparameters (a JSON
+    string under `hyperparameters`), which [`load_image_et`][energyattn.models.load_image_et]
+    reads back with no settings to repeat.
 
     The file is written to exactly `path` (no `.npz` is appended). The path is checked before
     anything is written (its folder must exist and be writable, `path` must not be a folder;
-    else an `OSError` naming it), and the file is replaced atomically.
+    else an `OSError` naming it), and the file is replaced atomically. A trainable $\beta$ is
+    stored as its current value (it loads fixed).
+
+    **Raises:** `TypeError` when `model` is not an
+    [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer].
     """
+    if not isinstance(model, ImageEnergyTransformer):
+        raise TypeError(
+            "save_image_et saves an energyattn.models.ImageEnergyTransformer, got "
+            f"{type(model).__module__}.{type(model).__qualname__}"
+        )
     path = check_output_file(path, what="model file")
     et = model.transformer
     if et.layer_norm.delta is None:
@@ -478,5 +553,18 @@ def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
         "MASK_token": model.mask_token,
         "POS_embed": model.pos_embed,
     }
+    hyperparameters = {
+        "image_shape": list(model.image_shape),
+        "patch_size": model.patch_size,
+        "beta": float(et.beta),
+        "include_self": et.include_self,
+        "memory": et.memory,
+        "step_size": et.step_size,
+        "num_steps": et.num_steps,
+    }
     with atomic_output(path) as partial, open(partial, "wb") as file:
-        np.savez(file, **{k: np.asarray(v) for k, v in arrays.items()})
+        np.savez(
+            file,
+            **{k: np.asarray(v) for k, v in arrays.items()},
+            **{_HYPERPARAMETERS: np.asarray(json.dumps(hyperparameters))},
+        )

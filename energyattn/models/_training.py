@@ -365,6 +365,16 @@ def fit(
             save_checkpoint(checkpoint, saved)
             saved_step = step
 
+    def step_arguments(step: int) -> tuple[tuple, dict]:
+        carried = () if state is None else (state,)
+        args = (loss_fn, optimizer, params, static, opt_state, *carried, jr.fold_in(key, step))
+        return (*args, data, config), dict(project=project, has_state=state is not None)
+
+    if time_limit is not None and start < num_steps:
+        # The time limit counts training, not compilation: compile the step ahead of time
+        # (JAX keeps the executable for the calls below), then start the clock.
+        args, kwargs = step_arguments(start)
+        train_step.lower(*args, **kwargs).compile()
     began = time.perf_counter()
     bar = _progress(num_steps, start, progress)
     step = start
@@ -373,20 +383,8 @@ def fit(
             if time_limit is not None and time.perf_counter() - began > time_limit:
                 break
             try:
-                carried = () if state is None else (state,)
-                out = train_step(
-                    loss_fn,
-                    optimizer,
-                    params,
-                    static,
-                    opt_state,
-                    *carried,
-                    jr.fold_in(key, step),
-                    data,
-                    config,
-                    project=project,
-                    has_state=state is not None,
-                )
+                args, kwargs = step_arguments(step)
+                out = train_step(*args, **kwargs)
                 if state is None:
                     params, opt_state, loss = out
                 else:
@@ -477,8 +475,9 @@ def train_inpainting(
       its folder must exist and be writable, else an `OSError` naming it. A checkpoint of
       another configuration, or a damaged one, raises a `ValueError` naming the path and the
       first field that differs (see [`load_checkpoint`][energyattn.models.load_checkpoint]).
-    - `time_limit`: optional wall-clock budget in seconds (compilation included); training
-      stops early (with a checkpoint) when it is spent.
+    - `time_limit`: optional wall-clock budget of the training in seconds; training stops
+      early (with a checkpoint) when it is spent. The training step is compiled first, so
+      compilation does not count.
     - `progress`: show a progress bar (needs tqdm, in the `examples` extra).
     - `callback`: optional `callback(step, loss)` after every step (`step` counts the
       steps done).

@@ -116,7 +116,7 @@ class HopfieldAttention(eqx.Module):
 
     @property
     def beta(self) -> float | Float[Array, ""]:
-        """The inverse temperature $\beta$: a float, or an array leaf when trainable."""
+        r"""The inverse temperature $\beta$: a float, or an array leaf when trainable."""
         return hyperparameter("beta", self.fixed_beta, self.trained_beta)
 
     @overload

@@ -587,7 +587,7 @@ class Hopfield(eqx.Module):
 
     @property
     def scaling(self) -> Float[Array, " heads"]:
-        """$\beta$ of each head (a leaf of the layer only with `trainable_scaling`)."""
+        r"""$\beta$ of each head (a leaf of the layer only with `trainable_scaling`)."""
         if self.trained_scaling is None:
             return jnp.asarray(self.fixed_scaling, self.dtype)
         return check_values(
@@ -1067,6 +1067,9 @@ def _load(cls, state, config, dtype, *, prefix, patterns=()):
         value = arrays.pop(name)
         if value.shape != shape:
             raise ValueError(f"{name!r} has shape {tuple(value.shape)}, expected {shape}")
+        if jnp.iscomplexobj(value):
+            # Casting to the real parameter dtype would drop the imaginary part silently.
+            raise ValueError(f"{name!r} must be real, got complex dtype {value.dtype}")
         # NaN weights would make every output NaN without a word: name the weight.
         known = concrete_value(value)
         if known is not None and not np.all(np.isfinite(known)):

@@ -45,7 +45,7 @@ def mean_field_start(
 
 
 def _tap_map(m: Array, args: tuple) -> Array:
-    """$\varphi(f(m, m))$; `args` carries $K = J \\circ J$, computed once per solve."""
+    r"""$\varphi(f(m, m))$; `args` carries $K = J \circ J$, computed once per solve."""
     x, J, K, beta, R = args
     return smt_phi(tap_field(m, m, x, J, K, beta=beta, R=R), beta=beta, R=R)
 
