@@ -277,11 +277,10 @@ def iterate(
 
     state = solver.init(problem, y0, args, start)
     passes = max_steps + int(solver.start_pass)
-    y, state, k, result, converged = run(y0, state, jnp.zeros((), jnp.int32))
     if solver.certifies and isinstance(problem, MinimiseProblem):
-        y, state, k, result = certified(
-            solver, problem, args, unrolled, run, (y, state, k), (result, converged)
-        )
+        y, state, k, result = certified(solver, problem, args, unrolled, run, y0, state)
+    else:
+        y, state, k, result, _ = run(y0, state, jnp.zeros((), jnp.int32))
     value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)
     solution = Solution(value=value, result=result, num_steps=k, residual=residual, stats=stats)
     return solution, extras
@@ -291,16 +290,22 @@ def iterate(
 MAX_ESCAPES = 3
 
 
-def certified(solver, problem, args, unrolled, run, carry, outcome):
-    """A converged minimisation checked by `solver.certify`: from a point that is not a
-    minimum the solver walks on (`run`, the loop, with the steps left), at most
-    `MAX_ESCAPES` times; where no escape leads anywhere, the result names the point.
+def certified(solver, problem, args, unrolled, run, y0, state):
+    """A minimisation whose every convergence is checked by `solver.certify`: from a point
+    that is not a minimum the solver walks on (`run`, the loop, with the steps left), at
+    most `MAX_ESCAPES` times; where no escape leads anywhere, the result names the point.
 
-    The check runs once per convergence, outside the loop: under `vmap` (where a branch
-    inside the loop would run on every pass) it costs one check per escape, not per step.
+    The check runs once per convergence, outside the loop (which is traced once): under
+    `vmap`, where a branch inside the loop would run on every pass, it costs one check per
+    escape, not per step.
     """
 
-    def check(y, state, k, result, converged):
+    def body(c):
+        y, state, k, verdict, escapes, _ = c
+        y, state, k1, result, converged = run(y, state, k)
+        # An escape whose first search found no lower point: what the point is stands.
+        stuck = (escapes > 0) & (result != RESULTS.successful) & (k1 == k)
+        result = RESULTS.where(stuck, verdict, result)
         ok = (result == RESULTS.successful) & converged
 
         def certify(_):
@@ -311,23 +316,14 @@ def certified(solver, problem, args, unrolled, run, carry, outcome):
 
         state, minimum, verdict = jax.lax.cond(ok, certify, skip, None)
         result = RESULTS.where(ok & ~minimum, verdict, result)
-        return state, result, ok & ~minimum
+        again = ok & ~minimum & (escapes < MAX_ESCAPES)
+        return y, state, k1, result, escapes + 1, again
 
-    def cond(c):
-        return c[-1]
-
-    def body(c):
-        y, state, k, verdict, escapes, _ = c
-        y, state, k1, result, converged = run(y, state, k)
-        # An escape whose first search found no lower point: what the point is stands.
-        result = RESULTS.where((result != RESULTS.successful) & (k1 == k), verdict, result)
-        state, result, again = check(y, state, k1, result, converged)
-        return y, state, k1, result, escapes + 1, again & (escapes + 1 < MAX_ESCAPES)
-
-    y, state, k = carry
-    state, result, again = check(y, state, k, *outcome)
-    init = (y, state, k, result, jnp.zeros((), jnp.int32), again)
-    y, state, k, result, _, _ = bounded_while(cond, body, init, MAX_ESCAPES, unrolled)
+    init = (y0, state, jnp.zeros((), jnp.int32), ok_result(), jnp.zeros((), jnp.int32), True)
+    init = init[:-1] + (jnp.ones((), bool),)
+    y, state, k, result, _, _ = bounded_while(
+        lambda c: c[-1], body, init, MAX_ESCAPES + 1, unrolled
+    )
     return y, state, k, result
 
 

@@ -48,7 +48,10 @@ class LBFGS(AbstractLineSearchSolver):
     is a descent direction; the line search then only accepts points that decrease $E$, so
     the energy never increases. Stops when $\operatorname{rms}(d_k) \le \text{atol} +
     \text{rtol}\operatorname{rms}(x_k)$ (the quasi-Newton estimate of the distance to the
-    minimum). Needs only gradients: $O(mn)$ memory, for states of any size.
+    minimum) and the point passes [`minimise`][energyattn.minimise]'s certificate, whose
+    Newton step on the exact Hessian must be as small (a quasi-Newton model can be wrong
+    far from the minimum: then the pairs are dropped and the search goes on). Needs only
+    gradients and, once per convergence, Hessian-vector products: $O(mn)$ memory.
 
     (optax's `scale_by_lbfgs` computes the same direction but keeps pairs of negative
     curvature and is meant for its zoom line search, a `while_loop` that reverse mode
@@ -157,9 +160,17 @@ def minimise(
 
     By default with [`LBFGS`][energyattn.LBFGS]; [`Newton`][energyattn.Newton] uses the
     exact Hessian (shifted where it is not positive definite). Both step downhill only: the
-    energy at the returned point is never above the start, a minimiser that heads to
-    $-\infty$ stops with `RESULTS.unbounded`, and Newton converging where the Hessian is not
-    positive definite (a saddle or maximum) reports `RESULTS.indefinite`. The implicit
+    energy at the returned point is never above the start, and a minimiser that heads to
+    $-\infty$ stops with `RESULTS.unbounded`.
+
+    **Success means a minimum.** Where a solver converges, the point is certified once: no
+    negative curvature (a few Lanczos steps on Hessian-vector products), no lower energy
+    right next to it than its gradient allows (an underflowed gradient, a cliff), and for
+    L-BFGS and Newton–Krylov a small Newton step on the exact Hessian. From a saddle or a
+    maximum the solver walks on along the negative curvature, and from the other failures
+    to the lower point or along the Newton step, to a minimum; only where no escape leads
+    anywhere does it report `RESULTS.indefinite`, `RESULTS.unbounded`,
+    `RESULTS.gradient_mismatch` or `RESULTS.not_stationary`. The implicit
     adjoint solves with the Hessian at $x^*$ (the implicit function theorem at
     $\nabla E = 0$), so a layer defined as a minimiser costs one solve to differentiate,
     however many steps the minimisation took.

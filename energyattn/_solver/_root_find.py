@@ -93,8 +93,8 @@ class Newton(AbstractLineSearchSolver):
     - **Minima** of $E$: the step solves $(\nabla^2 E + \tau I)\, d = -\nabla E$ with
       $\tau = 0$ where the Hessian is positive definite and the smallest tried shift that
       makes it so elsewhere, so every step goes downhill; the line search decreases $E$
-      itself and never leaves its domain ($E = +\infty$ there). Converging where the
-      Hessian is not positive definite is `RESULTS.indefinite`, not success.
+      itself and never leaves its domain ($E = +\infty$ there). Where it converges, the
+      point is certified as a minimum, or walked off (see [`minimise`][energyattn.minimise]).
 
     How the step is solved (`jacobian`):
 
@@ -113,8 +113,10 @@ class Newton(AbstractLineSearchSolver):
       goes through the blockwise attention passes in forward mode, with O(seq) memory.
 
     Stops when the proposed step is small, $\operatorname{rms}(d) \le \text{atol} +
-    \text{rtol}\operatorname{rms}(y)$ (matrix-free: and its Krylov solve met its tolerance),
-    and returns $y + d$ (so the error left is about the square of the tolerance).
+    \text{rtol}\operatorname{rms}(y)$ (matrix-free: and its Krylov solve met its tolerance;
+    for roots, whose inexact step may leave a component of $F$ unsolved, when $F$ itself is
+    as small as the tolerances relative to $F(y_0)$), and returns $y + d$ (so the error left
+    is about the square of the tolerance).
 
     With `chord_check=True` (minima, dense only) each pass first solves with the *previous*
     iterate's Hessian factor (a chord step, off the Newton step by a relative
