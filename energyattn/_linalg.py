@@ -36,60 +36,19 @@ def cholesky_solve(upper: Float[Array, "n n"], b: Float[Array, " n"]) -> Float[A
     return jsl.cho_solve((upper.T, True), b)
 
 
-def solve(matrix: Float[Array, "n n"], b: Float[Array, "n ..."]) -> Float[Array, "n ..."]:
-    r"""$M^{-1}b$ for a square $M$ (LU with partial pivoting), differentiable to any order,
-    whose batches (under `vmap`) run as a loop of unbatched LAPACK calls.
-
-    Why: jaxlib 0.10's batched LAPACK kernels split a batch over XLA's intra-op thread
-    pool and block that pool's thread until the pieces finish; when a program runs as many
-    batched LAPACK calls at once as the pool has threads, every thread waits and the process
-    hangs (seen as `jax.jit(jax.hessian(...))` of `MeanFieldAttention(variant="tap")` on 2
-    cores; README, "A known jaxlib hang on CPU"). One example per call never splits. JAX
-    differentiates and transposes the solve through `lax.custom_linear_solve`.
-    """
-    matvec = lambda x: matrix @ x  # noqa: E731
-    return jax.lax.custom_linear_solve(
-        matvec,
-        b,
-        lambda _, r: _unbatched_solve(matrix, r),
-        lambda _, r: _unbatched_solve(matrix.T, r),
-    )
-
-
-def inverse(matrix: Float[Array, "*batch n n"]) -> Float[Array, "*batch n n"]:
-    """$M^{-1}$ of each matrix of a stack, by `solve` (no batched LAPACK call)."""
-    eye = jnp.eye(matrix.shape[-1], dtype=matrix.dtype)
-    one = lambda m: solve(m, eye)  # noqa: E731
-    for _ in range(matrix.ndim - 2):
-        one = jax.vmap(one)
-    return one(matrix)
-
-
-@jax.custom_batching.custom_vmap
-def _unbatched_solve(matrix: Array, b: Array) -> Array:
-    return jnp.linalg.solve(matrix, b)
-
-
-@_unbatched_solve.def_vmap
-def _solve_one_at_a_time(axis_size, in_batched, matrix, b):
-    matrix_batched, b_batched = in_batched
-    if not matrix_batched:
-        matrix = jnp.broadcast_to(matrix, (axis_size, *matrix.shape))
-    if not b_batched:
-        b = jnp.broadcast_to(b, (axis_size, *b.shape))
-    return jax.lax.map(lambda pair: _unbatched_solve(*pair), (matrix, b)), True
-
-
 def loop_batches(fn: Callable) -> Callable:
     """`fn` (a LAPACK call: a factorisation, a triangular or LU solve, an eigendecomposition),
     whose batches under `vmap` run on CPU as a loop of unbatched calls, and batched on
     other platforms (chosen when the program is lowered).
 
-    Why: see `solve` (jaxlib 0.10's batched LAPACK kernels deadlock when a program runs
-    as many of them at once as XLA's intra-op pool has threads). Not differentiable in
-    reverse mode (`custom_vmap`): for factors that are not differentiated (the solvers'
-    steps outside an unrolled solve, the implicit adjoint's factor) and for the solves of
-    `lax.custom_linear_solve`, whose derivatives go through its matrix-vector product.
+    Why: jaxlib 0.10's batched LAPACK kernels split a batch over XLA's intra-op thread
+    pool and block that pool's thread until the pieces finish; when a program runs as many
+    batched LAPACK calls at once as the pool has threads, every thread waits and the
+    process hangs (README, "A known jaxlib hang on CPU"). One example per call never
+    splits. Not differentiable in reverse mode (`custom_vmap`): for factors that are not
+    differentiated (the solvers' steps outside an unrolled solve, the implicit adjoint's
+    factor) and for the solves of `lax.custom_linear_solve`, whose derivatives go through
+    its matrix-vector product.
     """
     wrapped = jax.custom_batching.custom_vmap(fn)
 
@@ -110,7 +69,34 @@ def loop_batches(fn: Callable) -> Callable:
     return wrapped
 
 
-#: LAPACK calls of the solvers and adjoints, looped under `vmap` on CPU (`loop_batches`).
+def solve(matrix: Float[Array, "n n"], b: Float[Array, "n ..."]) -> Float[Array, "n ..."]:
+    r"""$M^{-1}b$ for a square $M$ (LU with partial pivoting), differentiable to any order,
+    whose batches (under `vmap`) run on CPU as a loop of unbatched LAPACK calls
+    (`loop_batches`; the hang was seen as `jax.jit(jax.hessian(...))` of
+    `MeanFieldAttention(variant="tap")` on 2 cores). JAX differentiates and transposes the
+    solve through `lax.custom_linear_solve`.
+    """
+    matvec = lambda x: matrix @ x  # noqa: E731
+    return jax.lax.custom_linear_solve(
+        matvec,
+        b,
+        lambda _, r: _unbatched_solve(matrix, r),
+        lambda _, r: _unbatched_solve(matrix.T, r),
+    )
+
+
+def inverse(matrix: Float[Array, "*batch n n"]) -> Float[Array, "*batch n n"]:
+    """$M^{-1}$ of each matrix of a stack, by `solve` (no batched LAPACK call)."""
+    eye = jnp.eye(matrix.shape[-1], dtype=matrix.dtype)
+    one = lambda m: solve(m, eye)  # noqa: E731
+    for _ in range(matrix.ndim - 2):
+        one = jax.vmap(one)
+    return one(matrix)
+
+
+#: LAPACK calls, looped under `vmap` on CPU (`loop_batches`): `solve`'s, the solvers' and
+#: the adjoints'.
+_unbatched_solve = loop_batches(lambda matrix, b: jnp.linalg.solve(matrix, b))
 lu_factor = loop_batches(lambda matrix: jsl.lu_factor(matrix))
 lu_solve = loop_batches(lambda lu, piv, b: jsl.lu_solve((lu, piv), b))
 lu_solve_transposed = loop_batches(lambda lu, piv, b: jsl.lu_solve((lu, piv), b, trans=1))

@@ -180,9 +180,12 @@ def test_docstring_examples_are_found():
     assert set(NOT_RUN) <= set(names)
 
 
-#: The control characters a docstring may hold: newline and tab. Any other comes from an escape
-#: in a non-raw string: `"""$\beta$"""` is a backspace and "eta", rendered as "⍰eta".
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+#: The control character a docstring may hold: newline. Any other comes from an escape in a
+#: non-raw string: `"""$\beta$"""` is a backspace and "eta", rendered as "⍰eta".
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+#: An escape in a non-raw docstring's source that eats a LaTeX command: `\nabla` is a newline
+#: and "abla", `\text` a tab and "ext" (the newline passes `CONTROL`); `\\nabla` is right.
+EATEN = re.compile(r"(?<!\\)(?:\\\\)*\\[abfnrtv][A-Za-z]")  # an odd run of backslashes
 
 
 def package_modules():
@@ -194,21 +197,27 @@ def package_modules():
 def test_docstrings_hold_no_control_characters():
     """Every docstring the package holds (modules, classes, functions, properties, and the
     attribute docstrings below fields, which mkdocstrings reads from the source), public or
-    private, holds no control character but newline and tab. The source's bare strings are
-    read with `ast` (attribute docstrings exist only there), then every object's `__doc__`
-    (docstrings made at run time)."""
+    private, holds no control character but newline, and no non-raw escape that ate a LaTeX
+    command. The source's bare strings are read with `ast` (attribute docstrings exist only
+    there), then every object's `__doc__` (docstrings made at run time)."""
     found = []
     for name in package_modules():
         path = importlib.util.find_spec(name).origin
-        for node in ast.walk(ast.parse(pathlib.Path(path).read_text(), path)):
-            if (
+        source = pathlib.Path(path).read_text()
+        for node in ast.walk(ast.parse(source, path)):
+            if not (
                 isinstance(node, ast.Expr)
                 and isinstance(node.value, ast.Constant)
                 and isinstance(node.value.value, str)
-                and (bad := CONTROL.search(node.value.value))
             ):
-                where = pathlib.Path(path).relative_to(ROOT)
+                continue
+            where = pathlib.Path(path).relative_to(ROOT)
+            literal = ast.get_source_segment(source, node.value) or ""
+            raw = literal[:2].lower().lstrip("bfu").startswith("r")
+            if bad := CONTROL.search(node.value.value):
                 found.append(f"{where}:{node.lineno}: {bad.group()!r} in {node.value.value!r:.60}")
+            elif not raw and (bad := EATEN.search(literal)):
+                found.append(f"{where}:{node.lineno}: {bad.group()!r} in a non-raw string")
         module = importlib.import_module(name)
         objects = [(name, module)]
         for key, obj in vars(module).items():

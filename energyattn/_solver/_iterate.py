@@ -319,8 +319,8 @@ def certified(solver, problem, args, unrolled, run, y0, state):
         again = ok & ~minimum & (escapes < MAX_ESCAPES)
         return y, state, k1, result, escapes + 1, again
 
-    init = (y0, state, jnp.zeros((), jnp.int32), ok_result(), jnp.zeros((), jnp.int32), True)
-    init = init[:-1] + (jnp.ones((), bool),)
+    zero = jnp.zeros((), jnp.int32)
+    init = (y0, state, zero, ok_result(), zero, jnp.ones((), bool))
     y, state, k, result, _, _ = bounded_while(
         lambda c: c[-1], body, init, MAX_ESCAPES + 1, unrolled
     )

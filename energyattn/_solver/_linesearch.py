@@ -235,33 +235,30 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         self, problem: AbstractProblem, args: Any, state: LineSearchState, unrolled: bool
     ) -> tuple[LineSearchState, Bool[Array, ""], RESULTS]:
         r"""Whether the point where a minimisation converged is a minimum, and if not, the
-                state that walks on from it: `(state, minimum, verdict)`, `verdict` naming what the
-                point is. Three checks, each of which a first-order stopping test cannot make:
+        state that walks on from it: `(state, minimum, verdict)`, `verdict` naming what the
+        point is. Three checks, each of which a first-order stopping test cannot make:
 
-                1. **Curvature**: a few Lanczos steps on Hessian-vector products from a fixed
-                   pseudo-random vector $u$; a Ritz value below $-\sqrt\epsilon$ times the largest
-                   is a saddle or a maximum (`indefinite`). The escape is the Ritz vector $v$,
-                   signed downhill, of length $\sqrt n\max(1, \operatorname{rms}(x))$. (Newton's
-                   dense step skips it where its Cholesky factorisation proved $H$ positive
-                   definite.)
-                2. **The energy around the point**: $E(x \pm hu)$ with $h = \epsilon^{1/3}
-                   \max(1, \operatorname{rms}(x))$. At a minimum neither falls below
-                   $E(x) - h\lvert
-        abla E^	op u
-        vert$ (beyond round-off); where one does, the
-                   gradient the solver trusted disagrees with the energy (a gradient that
-                   underflowed to zero on a saturating function, a cliff to $-\infty$:
-                   `gradient_mismatch`, or `unbounded`). The escape is that lower point.
-                3. **The distance to the minimum** (solvers whose steps are not exact Newton steps:
-                   L-BFGS, Newton–Krylov): conjugate gradients on the exact Hessian,
-                   $H d = -
-        abla E$, to the relative residual $\epsilon^{1/4}$, must give
-                   $\operatorname{rms}(d) \le 	ext{atol} + 	ext{rtol}\operatorname{rms}(x)$ (a
-                   quasi-Newton model can call a point far from the minimum converged). The
-                   escape is that Newton step (`not_stationary`).
+        1. **Curvature**: a few Lanczos steps on Hessian-vector products from a fixed
+           pseudo-random vector $u$; a Ritz value below $-\sqrt\epsilon$ times the largest
+           is a saddle or a maximum (`indefinite`). The escape is the Ritz vector $v$,
+           signed downhill, of length $\sqrt n\max(1, \operatorname{rms}(x))$. (Newton's
+           dense step skips it where its Cholesky factorisation proved $H$ positive
+           definite.)
+        2. **The energy around the point**: $E(x \pm hu)$ with $h = \epsilon^{1/3}
+           \max(1, \operatorname{rms}(x))$. At a minimum neither falls below
+           $E(x) - h\lvert\nabla E^\top u\rvert$ (beyond round-off); where one does, the
+           gradient the solver trusted disagrees with the energy (a gradient that
+           underflowed to zero on a saturating function, a cliff to $-\infty$:
+           `gradient_mismatch`, or `unbounded`). The escape is that lower point.
+        3. **The distance to the minimum** (solvers whose steps are not exact Newton steps:
+           L-BFGS, Newton–Krylov): conjugate gradients on the exact Hessian,
+           $H d = -\nabla E$, to the relative residual $\epsilon^{1/4}$, must give
+           $\operatorname{rms}(d) \le \text{atol} + \text{rtol}\operatorname{rms}(x)$ (a
+           quasi-Newton model can call a point far from the minimum converged). The
+           escape is that Newton step (`not_stationary`).
 
-                The escape direction is not differentiated (an unrolled solve differentiates the
-                path from the escape on).
+        The escape is decided without derivatives (an unrolled solve differentiates the
+        path from the escape on).
         """
         original, state = state, no_grad(state)  # decided without derivatives
         point = state.point
