@@ -211,7 +211,7 @@ def test_docstrings_hold_no_control_characters():
                 and isinstance(node.value.value, str)
             ):
                 continue
-            where = pathlib.Path(path).relative_to(ROOT)
+            where = name  # the module: the package may be installed, not the source tree
             literal = ast.get_source_segment(source, node.value) or ""
             raw = literal[:2].lower().lstrip("bfu").startswith("r")
             if bad := CONTROL.search(node.value.value):
