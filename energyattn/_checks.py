@@ -124,8 +124,14 @@ def check_values(name: str, value: Any, condition: Callable[[Any], Any], require
     """
     concrete = concrete_value(value)
     if concrete is not None:
-        if not np.issubdtype(concrete.dtype, np.number) or np.iscomplexobj(concrete):
+        # bfloat16 and the other ML dtypes are real numbers that NumPy does not class as such.
+        real = jnp.issubdtype(concrete.dtype, jnp.integer) or jnp.issubdtype(
+            concrete.dtype, jnp.floating
+        )
+        if not real or np.iscomplexobj(concrete):
             raise ValueError(f"{name} must be a real number, got {value!r}")
+        if not np.issubdtype(concrete.dtype, np.number):
+            concrete = concrete.astype(np.float32)
         ok = np.asarray(condition(concrete))  # NaN fails every comparison, so it is rejected
         if not np.all(ok):
             got = (
@@ -144,6 +150,12 @@ def check_positive(name: str, value: Any) -> Array:
     traced (an infinite inverse temperature or step size gives NaN, not a limit)."""
     if np.ndim(value) != 0:
         raise ValueError(f"{name} must be a scalar, got shape {shape_str(np.shape(value))}")
+    if concrete_value(value) is not None:
+        # Both checked now, at trace time: no runtime check (a host callback) stays in the
+        # program, which then lowers for any platform.
+        check_values(name, value, lambda v: v > 0, "> 0")
+        check_values(name, value, lambda v: v < np.inf, "finite")
+        return jnp.asarray(value)
     value = check_values(name, value, lambda v: v > 0, "> 0")
     return check_values(name, value, lambda v: v < np.inf, "finite")
 

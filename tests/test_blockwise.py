@@ -140,17 +140,14 @@ def test_auto_dispatch():
     common = dict(dtype=jnp.float32, head_dim=64, structured_mask=False, backend="cpu")
     assert select("auto", entries=ea.BLOCKWISE_THRESHOLD, **common) == "naive"
     assert select("auto", entries=ea.BLOCKWISE_THRESHOLD + 1, **common) == "blockwise"
+    # The choice reads the shapes, never the backend: the platform the program is lowered
+    # for picks the kernels or the XLA loop of the blockwise path (`_passes`).
     gpu = dict(common, backend="gpu")
-    assert select("auto", entries=10, **dict(gpu, dtype=jnp.bfloat16)) == "cudnn"
-    assert select("auto", entries=10, **dict(gpu, dtype=jnp.float16)) == "cudnn"
-    # float32, a head size cuDNN does not take, or a mask: the portable paths.
-    assert select("auto", entries=2**30, **gpu) == "blockwise"
-    assert select("auto", entries=2**30, **dict(gpu, dtype=jnp.bfloat16, head_dim=12)) == (
-        "blockwise"
-    )
-    assert select("auto", entries=10, **dict(gpu, dtype=jnp.bfloat16, structured_mask=True)) == (
-        "naive"
-    )
+    assert select("auto", entries=10, **dict(gpu, dtype=jnp.bfloat16)) == "naive"
+    assert select("auto", entries=2**30, **dict(gpu, dtype=jnp.bfloat16)) == "blockwise"
+    assert select("auto", entries=2**30, **dict(gpu, structured_mask=True)) == "blockwise"
+    assert select("pallas", entries=10, **common) == "pallas"
+    assert select("cudnn", entries=10, **dict(gpu, dtype=jnp.bfloat16)) == "cudnn"
     assert select("naive", entries=2**30, **gpu) == "naive"
     with pytest.raises(ValueError, match="needs an NVIDIA GPU backend.*got backend 'cpu'"):
         select("cudnn", entries=10, **dict(common, dtype=jnp.bfloat16))
@@ -256,10 +253,16 @@ def test_bad_arguments(user_mode):
         ea.attention_logsumexp(q, q, block_size=0)
     with pytest.raises(ValueError, match="implementation must be one of"):
         ea.nn.HopfieldAttention(3, implementation="fast", key=jr.key(0))
-    with pytest.raises(ValueError, match="implementation must be 'auto', 'naive' or"):
+    with pytest.raises(ValueError, match="implementation must be one of"):
         ea.nn.EnergyTransformer(
-            4, num_heads=1, head_dim=2, num_memories=3, implementation="cudnn", key=jr.key(0)
+            4, num_heads=1, head_dim=2, num_memories=3, implementation="fast", key=jr.key(0)
         )
+    # cuDNN is taken by name, and refused where it cannot serve (here: no GPU, a mask).
+    et = ea.nn.EnergyTransformer(
+        4, num_heads=1, head_dim=2, num_memories=3, implementation="cudnn", key=jr.key(0)
+    )
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU backend.*mask=yes"):
+        et(np.ones((3, 4), np.float32))
 
 
 def test_heads_in_turn_equals_batched_heads_through_a_descent(monkeypatch, getkey):

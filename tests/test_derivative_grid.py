@@ -37,7 +37,7 @@ def lse_path(path, block_size=3):
     def rows(q, k, beta, mask, exclude_self, causal=False):
         beta = jnp.asarray(beta, jnp.promote_types(q.dtype, jnp.float32))
         ring = (mesh_of(int(path[4:])), "seq") if path.startswith("ring") else None
-        method = {"fused": "cudnn", "naive": "naive"}.get(path, "blockwise")
+        method = {"fused": "cudnn", "naive": "naive", "pallas": "pallas"}.get(path, "blockwise")
         args = (q, k, beta, mask, exclude_self, method, block_size, ring)
         return _attention.lse_rows(*args, causal=causal)
 
@@ -141,22 +141,28 @@ def self_attention_energy(rows, mask):
 #: naive reference, which holds it in its explicit mask. Fourth order in float64 on one device,
 #: third on the ring of 2; the ring on 4 and 8 devices runs the same code as on 2, and float32
 #: goes to second order (rounding, not the path, limits it). cuDNN's wiring runs through
-#: XLA's kernel, which computes in float32 whatever the inputs, and takes no mask.
+#: XLA's kernel, which computes in float32 whatever the inputs, and takes no mask. "pallas":
+#: the GPU kernels in Pallas's interpret mode (every mask, the heads in the grid by vmap).
 ENERGIES = {
     "hopfield": (hopfield_energy, False, "float64", [("blockwise", 2), ("ring2", 2), ("ring8", 1)]),
     "hopfield_masked": (
         hopfield_energy,
         True,
         "float64",
-        [("blockwise", 4), ("ring2", 3), ("ring4", 1)],
+        [("blockwise", 4), ("ring2", 3), ("ring4", 1), ("pallas", 3)],
     ),
     "self_attention": (
         self_attention_energy,
         "causal",
         "float64",
-        [("blockwise", 3), ("ring2", 1)],
+        [("blockwise", 3), ("ring2", 1), ("pallas", 2)],
     ),
-    "hopfield_float32": (hopfield_energy, False, "float32", [("blockwise", 2), ("fused", 2)]),
+    "hopfield_float32": (
+        hopfield_energy,
+        False,
+        "float32",
+        [("blockwise", 2), ("fused", 2), ("pallas", 2)],
+    ),
     "hopfield_masked_float32": (hopfield_energy, True, "float32", [("ring2", 2)]),
 }
 
@@ -198,7 +204,7 @@ def layer_loss(name, path):
     """A loss of a layer's output on the masked input, as `f(x, theta)` with `theta` the
     layer's parameters as one vector; the ring runs through `ea.parallel.context_parallel`."""
     key = jax.random.key(0)
-    implementation = "naive" if path == "naive" else "blockwise"
+    implementation = path if path in ("naive", "pallas") else "blockwise"
     if name == "hopfield_attention":
         layer = ea.nn.HopfieldAttention(
             DIM, num_heads=2, head_dim=2, num_steps=2, step_size=0.5, block_size=3,
@@ -233,6 +239,7 @@ LAYERS = {
     "energy_transformer": {
         "blockwise": ("value", "grad") + SECOND[:2],
         "ring2": ("value", "grad", "hvp_reverse_over_reverse"),
+        "pallas": ("value", "grad", "hvp_forward_over_reverse"),
     },
 }
 
@@ -246,8 +253,9 @@ def layer_results(name, path, names):
     return jax.device_get(run(f, x, theta, tx, ttheta, names))
 
 
-@pytest.mark.parametrize("path", ["blockwise", "ring2"])
-@pytest.mark.parametrize("name", list(LAYERS))
+@pytest.mark.parametrize(
+    ("name", "path"), [(name, path) for name in LAYERS for path in LAYERS[name]]
+)
 def test_layers_every_path_every_transformation(name, path):
     # The naive reference computes what either path checks (cached per process).
     reference = tuple(dict.fromkeys(sum(LAYERS[name].values(), ())))

@@ -288,6 +288,34 @@ def test_newton_krylov_converges_on_the_residual_of_f():
         assert rms(left) <= 2 * float(np.finfo(np.float32).eps) ** 0.6, (repr(solver), left)
 
 
+def test_searches_with_no_solution_say_so_and_tiny_residuals_are_solved():
+    # No fixed point of y + 1, no finite root of exp(y): `no_root`, whose advice fits, not
+    # `max_steps_reached`, whose advice ("raise max_steps") cannot help. A slow contraction
+    # that ran out of steps while making progress keeps `max_steps_reached` (the control).
+    # And F = 1e-22 (y - 1) in float32, whose squares underflow, is solved, not "converged"
+    # at the start by a zero Krylov step.
+    @eqx.filter_jit  # one program
+    def solve():
+        y0 = jnp.zeros(2, F32)
+        return (
+            [ea.fixed_point(lambda y, _: y + 1, y0, solver=s, throw=False) for s in FIXED],
+            [ea.root_find(lambda y, _: jnp.exp(y), y0, solver=s, throw=False) for s in ROOTS],
+            [
+                ea.fixed_point(lambda y, _: 0.5 * y + 1, y0, solver=s, max_steps=3, throw=False)
+                for s in FIXED[:1]
+            ],
+            [ea.root_find(lambda y, _: 1e-22 * (y - 1), y0, solver=s, throw=False) for s in ROOTS],
+        )
+
+    none, off, slow, tiny = solve()
+    for solver, sol in zip(FIXED + ROOTS, none + off, strict=True):
+        assert sol.result == ea.RESULTS.no_root, repr(solver)
+    assert slow[0].result == ea.RESULTS.max_steps_reached
+    for solver, sol in zip(ROOTS, tiny, strict=True):
+        assert sol.result == ea.RESULTS.successful, repr(solver)
+        np.testing.assert_allclose(sol.value, 1.0, rtol=1e-5, err_msg=repr(solver))
+
+
 def test_solver_arguments_are_checked_with_their_names():
     with pytest.raises(ValueError, match="restart must be a positive integer, got 0"):
         ea.GMRES(restart=0)

@@ -30,6 +30,12 @@ from ._solution import RESULTS, Solution
 class _Best(NamedTuple):
     fz: Flat  # f at the iterate with the smallest residual
     residual: Float[Array, ""]
+    first: Float[Array, ""]  # the residual at the start
+
+
+#: A search that used up `max_steps` without its residual falling below this fraction of the
+#: first one made no progress: `RESULTS.no_root` (there may be no fixed point).
+NO_PROGRESS = 0.9
 
 
 class AbstractFixedPointSolver(AbstractIterativeSolver):
@@ -54,7 +60,7 @@ class AbstractFixedPointSolver(AbstractIterativeSolver):
 
     def init(self, problem, y, args, start=None):
         inf = jnp.full((), jnp.inf, y.dtype)
-        return _Best(y, inf), self.init_mixing(y)
+        return _Best(y, inf, inf), self.init_mixing(y)
 
     def step(self, problem, y, args, state, unrolled):
         (best, memory) = state
@@ -66,7 +72,8 @@ class AbstractFixedPointSolver(AbstractIterativeSolver):
         diverged = jnp.zeros((), bool)
         if self.divergence is not None:
             diverged = finite & (res > self.divergence * best.residual)
-        best = _Best(jnp.where(better, fz, best.fz), jnp.where(better, res, best.residual))
+        first = jnp.where(best.first == jnp.inf, res, best.first)
+        best = _Best(jnp.where(better, fz, best.fz), jnp.where(better, res, best.residual), first)
         converged = finite & (res <= atol + rtol * rms(fz))
         where = RESULTS.where
         result = where(
@@ -74,6 +81,10 @@ class AbstractFixedPointSolver(AbstractIterativeSolver):
         )
         z_next, memory = self.mix(memory, y, fz)
         return z_next, (best, memory), jnp.ones((), bool), converged, result
+
+    def exhausted(self, problem, args, state):
+        best, _ = state
+        return best.residual > NO_PROGRESS * best.first
 
     def postprocess(self, problem, y, args, state, result):
         best, _ = state

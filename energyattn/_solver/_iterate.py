@@ -221,6 +221,12 @@ class AbstractIterativeSolver(eqx.Module):
         """`(value, residual, stats, extras)`: `extras` is for the adjoint (e.g. a factor of
         the Jacobian at the solution) and is not part of the public `Solution`."""
 
+    def exhausted(self, problem: AbstractProblem, args: Any, state: PyTree) -> Bool[Array, ""]:
+        """Whether a search that used up `max_steps` shows no solution in sight (then it
+        ends in `RESULTS.no_root`, not `max_steps_reached`, whose advice could not help).
+        By default, never."""
+        return jnp.zeros((), bool)
+
     #: Whether a converged minimisation is checked by `certify` (line-search solvers).
     certifies: ClassVar[bool] = False
 
@@ -281,6 +287,9 @@ def iterate(
         y, state, k, result = certified(solver, problem, args, unrolled, run, y0, state)
     else:
         y, state, k, result, _ = run(y0, state, jnp.zeros((), jnp.int32))
+    if not isinstance(problem, MinimiseProblem):
+        exhausted = (result == RESULTS.max_steps_reached) & solver.exhausted(problem, args, state)
+        result = RESULTS.where(exhausted, RESULTS.no_root, result)
     value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)
     solution = Solution(value=value, result=result, num_steps=k, residual=residual, stats=stats)
     return solution, extras

@@ -123,6 +123,13 @@ def forcing(residual: Flat) -> Float[Array, ""]:
     return jnp.clip(jnp.sqrt(rms(residual)), floor, 0.5)
 
 
+def safe_norm(x: Flat) -> Float[Array, ""]:
+    """The 2-norm of `x`, taken through its largest entry so that squares do not underflow."""
+    peak = jnp.max(jnp.abs(x))
+    safe = jnp.where(peak > 0, peak, 1)
+    return jnp.where(peak > 0, safe * jnp.linalg.norm(x / safe), 0)
+
+
 def root_direction(
     residual_fn, y: Flat, residual: Flat, max_steps: int
 ) -> tuple[Flat, Float[Array, ""], Bool[Array, ""]]:
@@ -141,14 +148,22 @@ def root_direction(
     # Solved for a unit right-hand side and scaled back, so that a residual near round-off
     # (1e-17) meets a relative tolerance, not a breakdown threshold (JAX's GMRES, used here
     # before, had absolute ones).
-    zero = jnp.all(residual == 0)
-    norm = jnp.where(zero, 0, jnp.linalg.norm(jnp.where(zero, 1, residual)))  # safe at 0
+    # The operator is scaled as well, by its size along the right-hand side: GMRES's norms
+    # square their vectors, which underflow for |F| or |J| ~ 1e-22 in float32, and a zero
+    # norm is a zero step, taken for convergence.
+    norm = safe_norm(residual)
+    zero = norm == 0
     unit = residual / jnp.where(zero, 1, norm)
-    direction = norm * jax.lax.custom_linear_solve(jvp, -unit, solve, solve)
+    scale = safe_norm(jvp(unit))
+    scale = jnp.where((scale > 0) & jnp.isfinite(scale), scale, 1)
+    scaled = lambda v: jvp(v) / scale  # noqa: E731
+    direction = norm / scale * jax.lax.custom_linear_solve(scaled, -unit, solve, solve)
     image = jvp(direction)
     slope = jnp.dot(residual, image)
-    ok = jnp.all(jnp.isfinite(direction)) & (slope < 0)
-    solved = ok & (rms(image + residual) <= eta * rms(residual))
+    # Measured on F's unit scale (the slope itself may underflow).
+    unit_image = image / jnp.where(zero, 1, norm)
+    ok = jnp.all(jnp.isfinite(direction)) & (jnp.dot(unit, unit_image) < 0)
+    solved = ok & (rms(unit_image + unit) <= eta * rms(unit))
     # Not a descent direction (a singular or ill-conditioned Jacobian): steepest descent.
     (steepest,) = jax.linear_transpose(jvp, y)(residual)
     steepest = -steepest

@@ -231,6 +231,15 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         pairs). Default: kept."""
         return memory
 
+    def exhausted(self, problem, args, state):
+        # |F| is as small as the tolerances make it, yet the steps did not shrink: the
+        # iterate runs off while F tends to zero (exp(y) has no root), or the root is not
+        # isolated. Either way more steps cannot help.
+        rtol, atol = self.tolerances(state.point.y.dtype)
+        n = state.point.y.shape[0]
+        size = jnp.sqrt(2 * state.point.f / n)
+        return size <= atol + rtol * jnp.sqrt(2 * state.start_value / n)
+
     def certify(
         self, problem: AbstractProblem, args: Any, state: LineSearchState, unrolled: bool
     ) -> tuple[LineSearchState, Bool[Array, ""], RESULTS]:

@@ -1,6 +1,6 @@
 """What every solver returns: `Solution`, with a `RESULTS` code (tier 3 of errors)."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import equinox as eqx
 import jax
@@ -66,9 +66,12 @@ class RESULTS(eqx.Enumeration):
         "badly scaled). Raise `max_steps`, use ea.Newton(), or rescale the unknowns"
     )
     no_root = (
-        "the solver stopped where the residual's size |F|^2 no longer decreases but F is not "
-        "zero: there may be no root (or fixed point) near the start, or the Jacobian is "
-        "singular there; try another start, or check that a solution exists"
+        "the solver found no root (or fixed point): |F| stopped decreasing while F is not "
+        "zero (a stationary point of |F|^2, or a singular Jacobian), or |F| fell only while "
+        "the iterate ran off (F tends to zero at infinity, or the root is not isolated), or "
+        "the residual did not fall below 0.9 of its first size in `max_steps` steps. There "
+        "may be no solution near the start: try another start, check that one exists, or "
+        "rescale F"
     )
 
 
@@ -96,7 +99,12 @@ class Solution(eqx.Module):
     num_steps: Int[Array, ""]
     residual: Float[Array, ""]
     stats: dict[str, Any] = eqx.field(default_factory=dict)
-    energies: Float[Array, " steps"] | None = None
+    if TYPE_CHECKING:
+        # For a type checker, the documented idiom `sol.energies[-1] < sol.energies[0]` of a
+        # descent (whose energies are always recorded) indexes an array, not an Optional.
+        energies: Float[Array, " steps"] = ...
+    else:
+        energies: Float[Array, " steps"] | None = None
     trajectory: State | None = None
     aux: Any = None
 

@@ -26,7 +26,7 @@ from .._sharding import sequence_axis
 from .._solver import descend
 from ._training import TrainResult, fit
 
-Implementation = Literal["auto", "naive", "blockwise"]
+Implementation = Literal["auto", "naive", "blockwise", "pallas"]
 
 
 def causal_attention(
@@ -146,9 +146,10 @@ class CausalBlock(eqx.Module):
 
 
 def _check_path(implementation: str) -> str:
-    if implementation not in ("auto", "naive", "blockwise"):
+    if implementation not in ("auto", "naive", "blockwise", "pallas"):
         raise ValueError(
-            f"implementation must be 'auto', 'naive' or 'blockwise', got {implementation!r}"
+            "implementation must be 'auto', 'naive', 'blockwise' or 'pallas' (causal "
+            f"attention: cuDNN cannot take the mask), got {implementation!r}"
         )
     return implementation
 
@@ -192,8 +193,9 @@ class CausalTransformer(eqx.Module):
       (default `4 * dim`).
     - `out_dim`: outputs per position of the head (default `token_dim`: a next-token
       prediction; an energy-based transformer's head gives 1, the energy).
-    - `implementation`: the attention's path, `"auto"`, `"naive"` or `"blockwise"` (the same
-      numbers; a sequence split over devices by `ea.parallel.context_parallel` runs the ring).
+    - `implementation`: the attention's path, `"auto"`, `"naive"`, `"blockwise"` or
+      `"pallas"` (the same numbers; a sequence split over devices by
+      `ea.parallel.context_parallel` runs the ring).
     - `block_size`: keys per block of the blockwise passes (default: the package's choice).
     - `key`: PRNG key.
     """

@@ -18,9 +18,11 @@ from .._checks import (
 )
 from .._custom_types import Scalar
 from .._energy import (
+    Implementation,
     SumEnergy,
     TransformerAttentionEnergy,
     TransformerMemoryEnergy,
+    check_implementation,
     layer_norm_lagrangian,
     legendre_energy,
     transformer_attention_energy,
@@ -129,8 +131,10 @@ class EnergyTransformer(eqx.Module):
     - `step_size`: $\alpha$ (default 0.1; fixed); `num_steps`: $T$ (default 12).
     - `eps`, `use_bias`: of the [`EnergyLayerNorm`][energyattn.nn.EnergyLayerNorm].
     - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"`
-      (blockwise above $2^{17}$ score entries, heads x seq x seq), `"naive"` or `"blockwise"`;
-      see [`transformer_attention_energy`][energyattn.transformer_attention_energy].
+      (blockwise above $2^{17}$ score entries, heads x seq x seq: Pallas kernels on a GPU),
+      `"naive"`, `"blockwise"`, `"pallas"` (the kernels everywhere) or `"cudnn"` (only with
+      `include_self=True` and no mask, on a GPU in half precision); see
+      [`select_implementation`][energyattn.select_implementation].
     - `dtype`: parameter dtype; `key`: a JAX PRNG key for the initial weights
       ($W^Q, W^K, \xi$ drawn from $\mathcal N(0, 1/D)$, so scores start of order one).
 
@@ -170,17 +174,12 @@ class EnergyTransformer(eqx.Module):
         num_steps: int = 12,
         eps: float = 1e-5,
         use_bias: bool = True,
-        implementation: Literal["auto", "naive", "blockwise"] = "auto",
+        implementation: Implementation = "auto",
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
         dim = positive_int("dim", dim)
-        if implementation not in ("auto", "naive", "blockwise"):
-            raise ValueError(
-                "implementation must be 'auto', 'naive' or 'blockwise' (the attention energy "
-                f"always masks the diagonal or uses a mask, which cuDNN cannot), got "
-                f"{implementation!r}"
-            )
+        check_implementation(implementation)
         num_heads = positive_int("num_heads", num_heads)
         head_dim = positive_int("head_dim", head_dim)
         num_memories = positive_int("num_memories", num_memories)

@@ -48,10 +48,10 @@ class HopfieldAttention(eqx.Module):
       [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `step_size`: descent step $\alpha > 0$ (default 1; fixed).
     - `num_steps`: number of descent steps (default 1).
-    - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; blockwise
-      above $2^{17}$ score entries, heads x seq x mem, and cuDNN's fused attention on NVIDIA
-      GPUs in half precision), `"naive"`, `"blockwise"` or `"cudnn"`; see
-      [`attention_logsumexp`][energyattn.attention_logsumexp].
+    - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default;
+      blockwise above $2^{17}$ score entries, heads x seq x mem: Pallas kernels on a GPU or
+      TPU), `"naive"`, `"blockwise"`, `"pallas"` or `"cudnn"`; see
+      [`select_implementation`][energyattn.select_implementation].
     - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
       128 beyond 4096 queries, and half that in the derivatives' passes; see
       [`attention_logsumexp`][energyattn.attention_logsumexp]).

@@ -51,7 +51,7 @@ class Structure(NamedTuple):
     def allowed(self, rows, cols):
         """Which pairs of the global query indices `rows` and key indices `cols` the structure
         allows, `(len(rows), len(cols))` (or `None`: all of them)."""
-        rows, cols = rows[:, None], cols[None, :]
+        rows, cols = _column(rows), _row(cols)
         if self.causal:
             return cols < rows if self.exclude_self else cols <= rows
         if self.exclude_self:
@@ -73,6 +73,15 @@ class Term(NamedTuple):
     row: bool
     factors: tuple[Factor, ...]
     value: int
+
+
+def _column(x):
+    """A per-row vector as a column `(n, 1)` (kernels keep their vectors two-dimensional)."""
+    return x if x.ndim == 2 else x[:, None]
+
+
+def _row(x):
+    return x if x.ndim == 2 else x[None, :]
 
 
 def array_roles(terms: tuple[Term, ...]) -> tuple[frozenset[int], frozenset[int]]:
@@ -104,30 +113,40 @@ def _mask_blocks(mask, mem, block_size):
     return mask.reshape(mask.shape[0], num_blocks, block_size).transpose(1, 0, 2)
 
 
-def _block_allowed(seq, start, block_size, mem, mask_block, structure, offsets):
-    """Which entries of one `(seq, block_size)` block take part (or `None`: all of them)."""
-    cols = start + jnp.arange(block_size)
-    allowed = None
-    if mem % block_size:  # the last block is padded with keys that must not count
-        allowed = jnp.broadcast_to(cols[None, :] < mem, (seq, block_size))
-    row0, col0 = offsets
-    structured = structure.allowed(row0 + jnp.arange(seq), col0 + cols)
+def block_allowed(rows, cols, structure, mask_block, *, offsets=(0, 0), mem=None, seq=None):
+    """Which entries of one `(rows, cols)` block take part (or `None`: all of them).
+
+    `rows`, `cols`: the block's query and key indices within the chunk; `offsets`: the
+    chunk's place in the whole problem (for the structural masks); `mem`, `seq`: the true
+    numbers of keys and queries where the chunk is padded beyond them (`None`: not padded);
+    `mask_block`: the block of an explicit mask (or `None`)."""
+    conditions = []
+    if mem is not None:  # padded keys must not count
+        conditions.append(_row(cols) < mem)
+    if seq is not None:  # nor padded queries (in a column term's sum over them)
+        conditions.append(_column(rows) < seq)
+    structured = structure.allowed(offsets[0] + rows, offsets[1] + cols)
     if structured is not None:
-        allowed = structured if allowed is None else allowed & structured
+        conditions.append(structured)
     if mask_block is not None:
-        allowed = mask_block if allowed is None else allowed & mask_block
-    return allowed
+        conditions.append(mask_block)
+    if not conditions:
+        return None
+    allowed = conditions[0]
+    for condition in conditions[1:]:
+        allowed = allowed & condition
+    return jnp.broadcast_to(allowed, (rows.shape[0], cols.shape[-1]))
 
 
-def _block_probs(scores, shift, allowed):
+def block_probs(scores, shift, allowed):
     """`exp(scores - shift)` on the allowed entries of a block, 0 elsewhere. Double `where`: a
     NaN/inf in a disallowed score cannot reach `exp`."""
     if allowed is None:
-        return jnp.exp(scores - shift[:, None])
-    return jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - shift[:, None]), 0.0)
+        return jnp.exp(scores - _column(shift))
+    return jnp.where(allowed, jnp.exp(jnp.where(allowed, scores, 0.0) - _column(shift)), 0.0)
 
 
-def _scaled_queries(q, beta):
+def scaled_queries(q, beta):
     """`(q', scale)` with `scale * q' k^T = beta q k^T`: beta is folded into the queries once
     rather than into every block's scores; half-precision queries keep their dtype for the
     product and beta stays on the float32 scores."""
@@ -136,55 +155,136 @@ def _scaled_queries(q, beta):
     return q, beta
 
 
+def online_update(carry, scores, allowed, k_block, precision=None):
+    r"""One block of the online pass: the running max, the rescaled sum of exponentials and
+    the rescaled $\sum_j p_{ij} k_j$ after the block's `(rows, keys)` scores."""
+    run_max, total, out = carry
+    acc = scores.dtype
+    keep = run_max.ndim == 2  # the vectors as columns (the kernels') or flat
+    masked = scores if allowed is None else jnp.where(allowed, scores, -jnp.inf)
+    new_max = jnp.maximum(run_max, jnp.max(masked, axis=1, keepdims=keep))
+    # Rows with nothing allowed so far keep a max of -inf; shift them by 0 instead.
+    shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
+    probs = block_probs(scores, shift, allowed)
+    rescale = jnp.exp(run_max - shift)
+    total = total * rescale + jnp.sum(probs, axis=1, keepdims=keep)
+    product = jax.lax.dot_general(
+        probs.astype(k_block.dtype),
+        k_block,
+        (((1,), (0,)), ((), ())),
+        precision=precision,
+        preferred_element_type=acc,
+    )
+    return new_max, total, out * _column(rescale) + product
+
+
+def term_weights(probs, terms, pair):
+    r"""The weights $w_{ij} = p_{ij} \prod_f \sum_{(a, b) \in f} A_i\cdot B_j$ of a block, one
+    per term, each product shared between terms formed once. `pair(a, b)`: the block's
+    `(rows, keys)` matrix $A_i\cdot B_j$ of per-query array `a` and per-key array `b`."""
+    factors, weights = {}, {(): probs}
+
+    def factor(f):
+        if f not in factors:
+            total = pair(*f[0])
+            for a, b in f[1:]:
+                total = total + pair(a, b)
+            factors[f] = total
+        return factors[f]
+
+    def weight(fs):
+        if fs not in weights:
+            weights[fs] = weight(fs[:-1]) * factor(fs[-1])
+        return weights[fs]
+
+    return [weight(term.factors) for term in terms]
+
+
 # ------------------------------------------------------------------------- the online pass
 
 
 def forward_init(q, acc):
-    """The online pass's state before any key: running max, rescaled sum, rescaled output."""
+    """The online pass's state before any key: running max, rescaled sum, rescaled output
+    (the fused forward's row terms follow, from `terms_init`)."""
     seq, dim = q.shape
     return (jnp.full((seq,), -jnp.inf, acc), jnp.zeros((seq,), acc), jnp.zeros((seq, dim), acc))
 
 
-def forward_chunk(q, k, beta, mask, structure, block_size, carry, offsets=(0, 0)):
+def key_arrays(q, k, beta, arrays):
+    """`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
+    the terms take them."""
+    acc = beta.dtype
+    sq, _ = scaled_queries(q, beta)
+    scaled = sq if q.dtype == acc else beta * q.astype(acc)
+    return {**arrays, KEYS: k, SCALED_QUERIES: scaled}
+
+
+def online_terms(sums, rescale, probs, terms, pair, value, precision=None):
+    r"""The fused forward's row terms after one block: each running sum rescaled like the
+    output, plus the block's $\sum_j w_{ij} X_j$ with the block's unnormalised
+    probabilities (the weights are linear in them; `forward_finish` divides by the sum).
+    `value(t)`: the block's rows of the term's per-key array."""
+    weights = term_weights(probs, terms, pair)
+    dims = (((1,), (0,)), ((), ()))
+    return tuple(
+        s * _column(rescale)
+        + jax.lax.dot_general(
+            w, value(t), dims, precision=precision, preferred_element_type=s.dtype
+        )
+        for s, w, t in zip(sums, weights, terms, strict=True)
+    )
+
+
+def forward_chunk(
+    q, k, beta, mask, structure, block_size, carry, offsets=(0, 0), arrays=None, terms=()
+):
     r"""The online pass over one chunk of keys: updates the running max, the rescaled sum of
-    exponentials and the rescaled $\sum_j p_{ij} k_j$."""
+    exponentials and the rescaled $\sum_j p_{ij} k_j$, and with `terms` (row terms only,
+    over `arrays` as in `terms_chunk`) their rescaled sums in the same pass: the fused
+    forward of a JVP, one set of exponentials for the primal and the tangent."""
     seq, mem = q.shape[0], k.shape[0]
     acc = beta.dtype
-    q, scale = _scaled_queries(q, beta)
+    sq, scale = scaled_queries(q, beta)
     starts = jnp.arange(-(-mem // block_size)) * block_size
+    padded = mem if mem % block_size else None
+    per_query, per_key = array_roles(terms)
+    arrays = key_arrays(q, k, beta, arrays or {})
+    rows = {i: arrays[i].astype(acc) for i in per_query}
+    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in sorted(per_key)}
 
     def body(carry, xs):
-        run_max, total, out = carry
-        k_b, mask_b, start = xs
-        scores = scale * jnp.einsum("sd,bd->sb", q, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, structure, offsets)
-        if allowed is None:
-            new_max = jnp.maximum(run_max, jnp.max(scores, axis=1))
-        else:
-            new_max = jnp.maximum(run_max, jnp.max(jnp.where(allowed, scores, -jnp.inf), axis=1))
-        # Rows with nothing allowed so far keep a max of -inf; shift them by 0 instead.
+        k_b, keyed_b, mask_b, start = xs
+        scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
+        indices = jnp.arange(seq), start + jnp.arange(block_size)
+        allowed = block_allowed(*indices, structure, mask_b, offsets=offsets, mem=padded)
+        run_max, total, out, *sums = carry
+        new_max, total, out = online_update((run_max, total, out), scores, allowed, k_b)
+        if not terms:
+            return (new_max, total, out), None
         shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-        probs = _block_probs(scores, shift, allowed)
-        rescale = jnp.exp(run_max - shift)
-        total = total * rescale + jnp.sum(probs, axis=1)
-        out = out * rescale[:, None] + jnp.einsum(
-            "sb,bd->sd", probs.astype(k.dtype), k_b, preferred_element_type=acc
-        )
-        return (new_max, total, out), None
+        probs = block_probs(scores, shift, allowed)
 
-    xs = (_blocks(k, block_size), _mask_blocks(mask, mem, block_size), starts)
+        def pair(a, b):
+            return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
+
+        rescale = jnp.exp(run_max - shift)
+        sums = online_terms(sums, rescale, probs, terms, pair, lambda t: keyed_b[t.value])
+        return (new_max, total, out, *sums), None
+
+    xs = (_blocks(k, block_size), keyed, _mask_blocks(mask, mem, block_size), starts)
     carry, _ = jax.lax.scan(body, carry, xs)
     return carry
 
 
 def forward_finish(carry):
-    """The log-sum-exp and the attention output from the online pass's final state."""
-    run_max, total, out = carry
+    """The log-sum-exp and the attention output (and the fused row terms) from the online
+    pass's final state."""
+    run_max, total, out, *sums = carry
     # Every allowed row has total >= 1 (its max entry contributes exp(0)); empty rows have 0.
     nonempty = total > 0
     safe_total = jnp.where(nonempty, total, 1.0)
     lse = jnp.where(nonempty, jnp.log(safe_total) + jnp.where(nonempty, run_max, 0.0), 0.0)
-    return lse, out / safe_total[:, None]
+    return (lse, *(x / _column(safe_total) for x in (out, *sums)))
 
 
 # ----------------------------------------------------------------------------- the terms
@@ -212,42 +312,28 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
     seq, mem = q.shape[0], k.shape[0]
     acc = beta.dtype
     per_query, per_key = array_roles(terms)
-    sq, scale = _scaled_queries(q, beta)
-    scaled = sq if q.dtype == acc else beta * q.astype(acc)
-    arrays = {**arrays, KEYS: k, SCALED_QUERIES: scaled}
+    sq, scale = scaled_queries(q, beta)
+    arrays = key_arrays(q, k, beta, arrays)
     # Per-query arrays in the accumulation dtype (transposed for the column terms' values).
     rows = {i: arrays[i].astype(acc) for i in per_query}
     cols_t = {t.value: rows[t.value].T for t in terms if not t.row}
     keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in sorted(per_key)}
     starts = jnp.arange(-(-mem // block_size)) * block_size
+    padded = mem if mem % block_size else None
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
-        allowed = _block_allowed(seq, start, block_size, mem, mask_b, structure, offsets)
-        probs = _block_probs(scores, lse, allowed)
-        # Products shared between terms are formed once per block.
-        factors, weights = {}, {(): probs}
+        indices = jnp.arange(seq), start + jnp.arange(block_size)
+        allowed = block_allowed(*indices, structure, mask_b, offsets=offsets, mem=padded)
+        probs = block_probs(scores, lse, allowed)
 
-        def factor(f):
-            if f not in factors:
-                total = 0.0
-                for a, b in f:
-                    total = total + jnp.einsum(
-                        "sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc
-                    )
-                factors[f] = total
-            return factors[f]
-
-        def weight(fs):
-            if fs not in weights:
-                weights[fs] = weight(fs[:-1]) * factor(fs[-1])
-            return weights[fs]
+        def pair(a, b):
+            return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
 
         sums, col_out = list(carry), []
         r = 0
-        for term in terms:
-            w = weight(term.factors)
+        for term, w in zip(terms, term_weights(probs, terms, pair), strict=True):
             if term.row:
                 sums[r] = sums[r] + jnp.einsum("sb,bd->sd", w, keyed_b[term.value])
                 r += 1

@@ -33,10 +33,19 @@ vmaps these rules; a vmap over heads runs head by head on a CPU when the blocks 
 never looks inside their implementations (the head loop is a `custom_vmap`, which partial
 evaluation inside `lax.scan` rejects), and because a primitive can drop unused terms
 (`_terms_dce`).
+
+`jax.jvp` takes a fused pass (`forward_terms_p`): the forward and the tangent's row terms
+in one online pass, with one set of exponentials. `jax.linearize` and reverse mode take the
+forward and a terms pass apart (`_forward_linearize`, a linearization rule), so that the
+primal stays known; under an outer derivative the unfused pair is used too, so the fused
+primitive is never differentiated in practice (its JVP is its unfused equal's).
 """
 
 import equinox.internal as eqxi
+import jax
 import jax.numpy as jnp
+from jax._src import api_util, linear_util as lu
+from jax._src.interpreters import ad as _ad, batching
 from jax.interpreters import ad, partial_eval as pe
 from jax.sharding import PartitionSpec
 
@@ -287,14 +296,17 @@ def _forward_abstract_eval(*avals, config, has_mask):
     ]
 
 
-def _forward_jvp(primals, tangents, *, config, has_mask):
+def _forward_tangent(primals, tangents, config, has_mask, forward):
+    """The forward pass's primal and tangent outputs. `forward(q, k, beta, mask, arrays,
+    terms)` gives `(lse, out, *row_terms)`: the fused pass, or the forward pass followed by
+    a terms pass (`_unfused`)."""
     q, k, beta, *mask = (jnp.asarray(a) for a in primals)
     mask = mask[0] if has_mask else None
     t_q, t_k, t_beta = (None if type(t) is ad.Zero else t for t in tangents[:3])
-    # Re-enter for the primal: an outer derivative of this rule differentiates it again.
-    lse, out = attention_forward(q, k, beta, mask, config)
     a = _query_tangent(q, beta, t_q, t_beta)
     if a is None and t_k is None:
+        # Re-enter for the primal: an outer derivative of this rule differentiates it again.
+        lse, out = attention_forward(q, k, beta, mask, config)
         return [lse, out], [jnp.zeros_like(lse), jnp.zeros_like(out)]
     acc = beta.dtype
     arrays = _Arrays(k)
@@ -306,7 +318,7 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     terms = [Term(True, (tuple(score),), arrays.add(k))]  # sum_j p_ij s'_ij k_j
     if t_k is not None:
         terms.append(Term(True, (), arrays.add(t_k)))  # r_i = sum_j p_ij k'_j
-    weighted, *r = attention_terms(q, k, beta, lse, mask, arrays.arrays, terms, config)
+    lse, out, weighted, *r = forward(q, k, beta, mask, arrays.arrays, tuple(terms))
     t_lse = None if a is None else _rowdot(a, out)
     if r:
         t_lse = _add(t_lse, beta * _rowdot(q.astype(acc), r[0]))
@@ -314,6 +326,68 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     if r:
         t_out = t_out + r[0]
     return [lse, out], [t_lse, t_out]
+
+
+def _forward_jvp(primals, tangents, *, config, has_mask):
+    """`jax.jvp`: one fused pass for the primal and the tangent (one set of exponentials),
+    where the pass is on one device; `jax.linearize` and reverse mode take
+    `_forward_linearize` instead, which splits it into the forward and a terms pass."""
+    # Fused only where nothing outside differentiates this JVP: under an outer derivative
+    # (a JVP inside a linearization, reverse over forward; a third derivative) the fused
+    # pass would be differentiated in turn, and under partial evaluation its primal outputs
+    # would be as unknown as its tangents. There the unfused pair is the one to transform.
+    nested = any(_differentiated(x) for x in (*primals, *tangents))
+    # A vmap over the tangents alone (`jax.jacfwd`) wants the primal outputs unbatched.
+    primal_axes = set().union(*(_vmaps(x) for x in primals[:3]))
+    tangent_only = any(_vmaps(t) - primal_axes for t in tangents)
+    if nested or tangent_only or config.ring is not None or config.method == "cudnn":
+        return _forward_tangent(primals, tangents, config, has_mask, _unfused(config))
+
+    def fused(q, k, beta, mask, arrays, terms):
+        return attention_forward_terms(q, k, beta, mask, arrays, terms, config)
+
+    return _forward_tangent(primals, tangents, config, has_mask, fused)
+
+
+def _differentiated(x):
+    """Whether `x` is being differentiated (or partially evaluated) by a transformation
+    outside the current one, through any `vmap`s."""
+    while isinstance(x, batching.BatchTracer):
+        x = x.val
+    return isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer, pe.JaxprTracer))
+
+
+def _vmaps(x):
+    """The vmaps `x` is batched by (their traces' identities)."""
+    found = set()
+    while isinstance(x, batching.BatchTracer):
+        found.add(id(x._trace))
+        x = x.val
+    return found
+
+
+def _unfused(config):
+    def forward(q, k, beta, mask, arrays, terms):
+        # Re-enter for the primal: an outer derivative of this rule differentiates it again.
+        lse, out = attention_forward(q, k, beta, mask, config)
+        return (lse, out, *attention_terms(q, k, beta, lse, mask, arrays, terms, config))
+
+    return forward
+
+
+def _forward_unfused_jvp(primals, tangents, *, config, has_mask):
+    return _forward_tangent(primals, tangents, config, has_mask, _unfused(config))
+
+
+def _forward_linearize(is_vjp, nonzeros, *primals, config, has_mask):
+    """Linearization (`jax.linearize`, and reverse mode): the unfused JVP, so that the
+    primal (the forward pass) stays known and only the terms pass is staged into the linear
+    function. The fused pass's outputs would all depend on the tangents."""
+    del is_vjp
+    params = dict(config=config, has_mask=has_mask)
+    info = api_util.debug_info("attention_forward", _forward_unfused_jvp, primals, {})
+    jvp = lu.wrap_init(_forward_unfused_jvp, debug_info=info)
+    return _ad.linearize_from_jvp(jvp, True, nonzeros, False, False, primals, params)
 
 
 def _forward_transpose(cts, *args, config, has_mask):
@@ -326,6 +400,93 @@ def _forward_transpose(cts, *args, config, has_mask):
 forward_p = eqxi.create_vprim(
     "attention_forward", _forward_impl, _forward_abstract_eval, _forward_jvp, _forward_transpose
 )
+
+
+# JAX's linearization rules (`jax_use_direct_linearize`, the default since 0.7) live in its
+# private `ad` module; without them linearize falls back to the JVP rule under partial
+# evaluation, which the fused pass would defeat, so the JVP rule is then the unfused one.
+if hasattr(_ad, "primitive_linearizations") and hasattr(_ad, "linearize_from_jvp"):
+    _ad.primitive_linearizations[forward_p] = _forward_linearize
+else:  # pragma: no cover
+    ad.primitive_jvps[forward_p] = _forward_unfused_jvp
+
+
+# ------------------------------------------------ the fused forward: forward + row terms
+
+
+def attention_forward_terms(q, k, beta, mask, arrays, terms, config: Config):
+    r"""`(lse, out, *row_terms)`: the forward pass and row terms (`terms`, over `arrays` as
+    `attention_terms` takes them) in one online pass, as the primitive `forward_terms_p`
+    (the JVP's fused pass). Differentiated as its unfused equal, `attention_forward` then
+    `attention_terms`."""
+    flat = (q, k, beta, *(() if mask is None else (mask,)), *arrays)
+    params = dict(terms=tuple(terms), config=config, has_mask=mask is not None)
+    return tuple(forward_terms_p.bind(*flat, **params))
+
+
+def _fused_operands(args, has_mask):
+    q, k, beta, *rest = (jnp.asarray(a) for a in args)
+    mask = rest.pop(0) if has_mask else None
+    return q, k, beta, mask, tuple(rest)
+
+
+def _fused_impl(*args, terms, config, has_mask):
+    q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+    return list(run_forward(q, k, beta, mask, config, arrays, terms))
+
+
+def _fused_abstract_eval(*avals, terms, config, has_mask):
+    q, k, beta, *rest = avals
+    arrays = {**dict(enumerate(rest[1:] if has_mask else rest)), KEYS: k, SCALED_QUERIES: q}
+    return [
+        *_forward_abstract_eval(q, k, beta, config=config, has_mask=False),
+        *(_rows_like(q, arrays[t.value].shape[1], beta.dtype) for t in terms),
+    ]
+
+
+def _fused_jvp(primals, tangents, *, terms, config, has_mask):
+    """The fused pass's derivative is its unfused equal's (whose JVP is fused again)."""
+    positions = [
+        i for i, x in enumerate(primals) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+
+    def unfused(*inexact):
+        args = list(primals)
+        for i, x in zip(positions, inexact, strict=True):
+            args[i] = x
+        q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+        return _unfused(config)(q, k, beta, mask, arrays, terms)
+
+    inexact = [primals[i] for i in positions]
+    t_inexact = [ad.instantiate_zeros(tangents[i]) for i in positions]
+    out, t_out = jax.jvp(unfused, inexact, t_inexact)
+    return list(out), list(t_out)
+
+
+def _fused_transpose(cts, *args, terms, config, has_mask):
+    raise NotImplementedError("the fused attention forward pass is not linear")
+
+
+forward_terms_p = eqxi.create_vprim(
+    "attention_forward_terms", _fused_impl, _fused_abstract_eval, _fused_jvp, _fused_transpose
+)
+_fused_vprim_batch = batching.fancy_primitive_batchers[forward_terms_p]
+
+
+def _fused_batch(axis_data, vals, dims, *, terms, config, has_mask):
+    """The vprim's batching, except that where only the terms' arrays are batched (a vmap
+    over tangents: `jax.jacfwd`), the log-sum-exp and the output are not: they are the
+    same in every batch entry, and `jax.jacfwd` requires its primal outputs unbatched."""
+    params = dict(terms=terms, config=config, has_mask=has_mask)
+    out, axes = _fused_vprim_batch(axis_data, vals, dims, **params)
+    primal = 4 if has_mask else 3
+    if all(d is None for d in dims[:primal]) and axes[0] is not None:
+        out = [out[0][0], out[1][0], *out[2:]]
+        axes = [None, None, *axes[2:]]
+    return out, axes
+
+
+batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
 
 
 def _terms_dce(used_outputs, *rest):

@@ -1,6 +1,5 @@
 """The attention log-sum-exp every softmax energy is made of: the entry points."""
 
-import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -20,10 +19,10 @@ from ._ring import RingAxis
 def _config(method, structure, blocks, queries, keys, ring=None):
     # Blocks no longer than the keys of one pass (less padding, same result). Accelerators
     # want the heads batched (more parallel work per kernel); a CPU core wants one head's
-    # blocks in its cache at a time, once they are large.
+    # blocks in its cache at a time, once they are large (`_passes._in_turn`: only where the
+    # program is lowered for a CPU).
     forward, passes = (min(size, keys) for size in blocks)
-    large = queries * forward >= _policy.HEADS_IN_TURN_ENTRIES
-    heads_in_turn = jax.default_backend() == "cpu" and large
+    heads_in_turn = queries * forward >= _policy.HEADS_IN_TURN_ENTRIES
     return Config(method, structure, forward, passes, ring, heads_in_turn)
 
 

@@ -1,6 +1,12 @@
 """Where the blockwise passes run: on one device (a vmap over heads run head by head on a
 CPU), round the ring of devices, or partly in cuDNN's fused kernel.
 
+On one device the platform the program is lowered for picks the code, not the machine that
+traced it (`jax.lax.platform_dependent`): the blockwise method is the XLA loop of
+`_blocks` on a CPU and the Pallas kernels of `_kernels` on a GPU; `"pallas"` takes the
+kernels everywhere, in Pallas's interpret mode on a CPU. A program traced on a CPU and
+lowered for `cuda` therefore holds the kernels.
+
 `run_forward` and `run_terms` are the only entry points of the derivative rules
 (`_derivatives.py`): they take whole (global) arrays, and are never differentiated
 themselves -- every derivative is a rule that calls them again.
@@ -9,8 +15,9 @@ themselves -- every derivative is a rule that calls them again.
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
-from . import _cudnn
+from . import _cudnn, _kernels
 from ._blocks import (
     KEYS,
     SCALED_QUERIES,
@@ -26,10 +33,11 @@ from ._ring import RingAxis, ring_forward, ring_terms
 
 
 class Config(NamedTuple):
-    """The static configuration of one log-sum-exp: `method` (`"blockwise"` or `"cudnn"`),
-    the structural masks (`Structure`: the excluded diagonal, the causal triangle), keys per
-    block of the forward pass and of the derivatives' passes, the ring (or `None`), and
-    whether a vmap over heads runs head by head."""
+    """The static configuration of one log-sum-exp: `method` (`"blockwise"`, `"pallas"` or
+    `"cudnn"`), the structural masks (`Structure`: the excluded diagonal, the causal
+    triangle), keys per block of the forward pass and of the derivatives' passes (the XLA
+    loop's), the ring (or `None`), whether a vmap over heads runs head by head on a CPU,
+    and the kernels' tiling."""
 
     method: str
     structure: Structure
@@ -37,6 +45,7 @@ class Config(NamedTuple):
     pass_block_size: int
     ring: RingAxis | None
     heads_in_turn: bool
+    tiles: _kernels.BlockSizes | None = None  # None: the platform's default
 
 
 def _in_turn(fn, *args):
@@ -56,35 +65,80 @@ def _in_turn(fn, *args):
     def _(axis_size, in_batched, *leaves):
         batched = [x for x, b in zip(leaves, in_batched, strict=True) if b]
 
-        def one(xs):
+        def one(xs, run=looped):
             xs = iter(xs)
-            return looped(*[next(xs) if b else x for x, b in zip(leaves, in_batched, strict=True)])
+            return run(*[next(xs) if b else x for x, b in zip(leaves, in_batched, strict=True)])
 
-        out = jax.lax.map(one, batched)
+        def in_turn(*batched):
+            return jax.lax.map(one, batched)
+
+        def together(*batched):
+            return jax.vmap(lambda xs: one(xs, lambda *ls: fn(*jax.tree.unflatten(tree, ls))))(
+                batched
+            )
+
+        # Head by head only where the program runs on a CPU.
+        out = jax.lax.platform_dependent(*batched, cpu=in_turn, default=together)
         return out, jax.tree.map(lambda _: True, out)
 
     return looped(*leaves)
 
 
-def run_forward(q, k, beta, mask, config: Config):
-    """The log-sum-exp rows and the attention output $\\sum_j p_{ij} k_j$."""
+def run_forward(q, k, beta, mask, config: Config, arrays=(), terms: tuple[Term, ...] = ()):
+    """The log-sum-exp rows and the attention output $\\sum_j p_{ij} k_j$; with `terms`
+    (row terms over `arrays`, see `_blocks.terms_chunk`) their sums too, from the same
+    online pass (one device only: the fused forward of a JVP)."""
     if config.ring is not None:
+        assert not terms, "the ring's forward takes no terms"
         return ring_forward(config.ring, q, k, beta, mask, config.structure, config.block_size)
 
-    def one_device(q, k, beta, mask):
-        init = forward_init(q, beta.dtype)
-        carry = forward_chunk(q, k, beta, mask, config.structure, config.block_size, init)
-        lse, out = forward_finish(carry)
+    def one_device(q, k, beta, mask, arrays):
+        table = dict(enumerate(arrays))
+        init = (
+            *forward_init(q, beta.dtype),
+            *terms_init(q.shape[0], table, terms, beta.dtype, k.shape[1]),
+        )
+        args = (q, k, beta, mask, config.structure, config.block_size, init)
+        carry = forward_chunk(*args, arrays=table, terms=terms)
+        lse, out, *rows = forward_finish(carry)
         if config.method == "cudnn":
             # The fused kernel's own log-sum-exp comes back in the inputs' half precision, so
             # the value is the float32 online pass's; when only the output is used, XLA drops
             # that pass's output products.
             out = _cudnn.fused_rows(q, k, beta, k)
-        return lse, out
+        return (lse, out, *rows)
 
-    if config.heads_in_turn:
-        return _in_turn(one_device, q, k, beta, mask)
-    return one_device(q, k, beta, mask)
+    if config.method == "cudnn":
+        return one_device(q, k, beta, mask, tuple(arrays))
+
+    def xla(q, k, beta, mask, arrays):
+        if config.heads_in_turn:
+            return _in_turn(one_device, q, k, beta, mask, arrays)
+        return one_device(q, k, beta, mask, arrays)
+
+    def kernel(platform, interpret):
+        def run(q, k, beta, mask, arrays):
+            tiles = config.tiles or _kernels.DEFAULT_BLOCK_SIZES[platform]
+            return _kernels.forward(
+                q, k, beta, mask, config.structure, tiles, arrays=dict(enumerate(arrays)),
+                terms=terms, platform=platform, interpret=interpret,
+            )  # fmt: skip
+
+        return run
+
+    return _on_platform(config, beta.dtype, xla, kernel, q, k, beta, mask, tuple(arrays))
+
+
+def _on_platform(config, acc, xla, kernel, *args):
+    """`xla(*args)` or a kernel (`kernel(platform, interpret)(*args)`) by the platform the
+    program is lowered for: for the blockwise method the kernels on GPUs and TPUs (below 64
+    bits: float64 keeps the XLA loop) and the XLA loop on a CPU; for `"pallas"` the kernels
+    everywhere, the GPU's interpreted on a CPU."""
+    narrow = jnp.dtype(acc).itemsize <= 4
+    gpu = kernel("gpu", False) if narrow else xla
+    tpu = kernel("tpu", False) if narrow else xla
+    cpu = kernel("gpu", True) if config.method == "pallas" else xla
+    return jax.lax.platform_dependent(*args, cpu=cpu, cuda=gpu, rocm=gpu, tpu=tpu, default=cpu)
 
 
 def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Config):
@@ -122,9 +176,26 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
         blockwise = iter(_in_order(rest, rows, cols))
         return tuple(fused[t] if t in fused else next(blockwise) for t in range(len(terms)))
 
-    if config.heads_in_turn:
-        return _in_turn(one_device, q, k, beta, lse, mask, tuple(arrays))
-    return one_device(q, k, beta, lse, mask, tuple(arrays))
+    if config.method == "cudnn":
+        return one_device(q, k, beta, lse, mask, tuple(arrays))
+
+    def xla(q, k, beta, lse, mask, arrays):
+        if config.heads_in_turn:
+            return _in_turn(one_device, q, k, beta, lse, mask, arrays)
+        return one_device(q, k, beta, lse, mask, arrays)
+
+    def kernel(platform, interpret):
+        def run(q, k, beta, lse, mask, arrays):
+            tiles = config.tiles or _kernels.DEFAULT_BLOCK_SIZES[platform]
+            table = dict(enumerate(arrays))
+            return _kernels.terms(
+                q, k, beta, lse, mask, table, terms, config.structure, tiles,
+                platform=platform, interpret=interpret,
+            )  # fmt: skip
+
+        return run
+
+    return _on_platform(config, beta.dtype, xla, kernel, q, k, beta, lse, mask, tuple(arrays))
 
 
 def _in_order(terms, rows, cols):

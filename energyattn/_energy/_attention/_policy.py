@@ -13,8 +13,8 @@ from jax.typing import DTypeLike
 
 from ..._checks import positive_int
 
-Implementation = Literal["auto", "naive", "blockwise", "cudnn"]
-IMPLEMENTATIONS = ("auto", "naive", "blockwise", "cudnn")
+Implementation = Literal["auto", "naive", "blockwise", "pallas", "cudnn"]
+IMPLEMENTATIONS = ("auto", "naive", "blockwise", "pallas", "cudnn")
 
 #: Above this many score entries (heads x seq x mem) `"auto"` takes the blockwise path: on a
 #: CPU core the blockwise and naive paths cost the same near it, and the blockwise one is
@@ -57,16 +57,21 @@ def select_implementation(
     backend: str | None = None,
     threshold: int | None = None,
 ) -> str:
-    r"""Resolve `implementation` to `"naive"`, `"blockwise"` or `"cudnn"`.
+    r"""Resolve `implementation` to `"naive"`, `"blockwise"`, `"pallas"` or `"cudnn"`.
 
-    `"auto"` takes cuDNN's fused attention when the backend is a GPU, the inputs are float16 or
-    bfloat16 (the dtypes cuDNN's flash attention accepts), the head size is a multiple of 8 up
-    to 128, and there is no mask (an explicit mask, the excluded diagonal or the causal
-    triangle): the fused kernel cannot reproduce this package's convention for rows with
-    nothing to attend to. Otherwise it takes the blockwise path when the score matrices would
-    hold more than `threshold` entries (`entries = heads * seq * mem`; default
-    `BLOCKWISE_THRESHOLD` $= 2^{17}$), and the naive path below that: small problems, where
-    both cost the same on a CPU and the plain program is the simpler one to compile and read.
+    `"auto"` takes the blockwise path when the score matrices would hold more than
+    `threshold` entries (`entries = heads * seq * mem`; default `BLOCKWISE_THRESHOLD`
+    $= 2^{17}$), and the naive path below that: small problems, where both cost the same and
+    the plain program is the simpler one to compile and read. The choice reads only the
+    shapes, never the tracing machine's backend.
+
+    The blockwise path is lowered per platform (`_passes`): the Pallas kernels on a GPU (for
+    inputs below 64 bits; float64 keeps the XLA loop), the XLA loop of key blocks on a CPU
+    and a TPU. `"pallas"` takes the kernels on every platform, in Pallas's interpret mode on
+    a CPU (slow; for checking them anywhere). `"cudnn"` is cuDNN's fused attention, by name
+    only: it needs an NVIDIA GPU when the program is traced, float16/bfloat16 inputs, a head
+    size that is a multiple of 8 up to 128, and no mask (the fused kernel cannot reproduce
+    this package's convention for rows with nothing to attend to).
 
     Every choice gives the same values and derivatives, in forward and reverse mode and to
     any order; only time and memory differ.
@@ -76,15 +81,15 @@ def select_implementation(
     """
     check_implementation(implementation)
     threshold = BLOCKWISE_THRESHOLD if threshold is None else threshold
-    backend = jax.default_backend() if backend is None else backend
-    cudnn_ok = (
-        backend in ("gpu", "cuda")
-        and jnp.dtype(dtype) in _CUDNN_DTYPES
-        and head_dim % 8 == 0
-        and head_dim <= 128
-        and not structured_mask
-    )
     if implementation == "cudnn":
+        backend = jax.default_backend() if backend is None else backend
+        cudnn_ok = (
+            backend in ("gpu", "cuda")
+            and jnp.dtype(dtype) in _CUDNN_DTYPES
+            and head_dim % 8 == 0
+            and head_dim <= 128
+            and not structured_mask
+        )
         if not cudnn_ok:
             raise ValueError(
                 "implementation='cudnn' needs an NVIDIA GPU backend, float16/bfloat16 inputs, a "
@@ -94,8 +99,6 @@ def select_implementation(
             )
         return "cudnn"
     if implementation == "auto":
-        if cudnn_ok:
-            return "cudnn"
         return "blockwise" if entries > threshold else "naive"
     return implementation
 

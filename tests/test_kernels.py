@@ -1,0 +1,247 @@
+"""The Pallas kernels of the two passes: equal to the XLA loop in interpret mode, and present
+in programs lowered for a GPU from this CPU (the derivative grid's "pallas" cells check
+them through every transformation)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+import energyattn as ea
+from energyattn._energy._attention import _kernels
+from energyattn._energy._attention._blocks import (
+    KEYS,
+    SCALED_QUERIES,
+    Structure,
+    Term,
+    forward_chunk,
+    forward_finish,
+    forward_init,
+    terms_chunk,
+    terms_init,
+)
+
+#: Row and column terms with shared, summed and repeated factors, a per-key value, the keys
+#: and the scaled queries: the shapes every derivative rule makes.
+TERMS = (
+    Term(True, (((0, KEYS),),), KEYS),
+    Term(False, (((0, KEYS), (SCALED_QUERIES, 2)),), 1),
+    Term(True, (), 2),
+    Term(False, (((0, KEYS),), ((0, KEYS),)), SCALED_QUERIES),
+)
+
+#: (seq, mem, head size, structure, explicit mask, dtype): odd lengths, several blocks, one
+#: short block, head sizes off the power of two, every mask, a row with nothing allowed.
+CASES = [
+    (13, 13, 5, Structure(), False, "float64"),
+    (37, 37, 16, Structure(causal=True), True, "float64"),
+    (37, 37, 8, Structure(exclude_self=True), False, "float64"),
+    (40, 40, 3, Structure(True, True), True, "float64"),
+    (21, 35, 24, Structure(), True, "float32"),
+    (33, 33, 16, Structure(causal=True), False, "bfloat16"),
+]
+TOL = {"float64": 1e-12, "float32": 2e-5, "bfloat16": 2e-5}
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[5]}")
+def test_kernels_equal_the_xla_loop(case, platform):
+    seq, mem, dim, structure, masked, dtype = case
+    rng = np.random.default_rng(seq + mem + dim)
+    acc = jnp.float64 if dtype == "float64" else jnp.float32
+    q = jnp.asarray(rng.normal(size=(seq, dim)), dtype)
+    k = jnp.asarray(rng.normal(size=(mem, dim)), dtype)
+    beta = jnp.asarray(0.7, acc)
+    mask = None
+    if masked:
+        mask = jnp.asarray(rng.random((seq, mem)) < 0.7).at[3].set(False)
+    arrays = {
+        0: jnp.asarray(rng.normal(size=(seq, dim)), acc),
+        1: jnp.asarray(rng.normal(size=(seq, 3)), acc),
+        2: jnp.asarray(rng.normal(size=(mem, dim)), acc),
+    }
+    # The same key blocks as the XLA loop's: in half precision the probabilities are rounded
+    # relative to the running max, which depends on where the blocks fall.
+    tiles = _kernels.BlockSizes(16, 16)
+    block = _kernels._Tiles(seq, mem, tiles, platform).bk
+    # The TPU kernels run in Pallas's TPU interpreter, the GPU ones in its generic one.
+    interpret = pltpu.InterpretParams() if platform == "tpu" else True
+    run = dict(platform=platform, interpret=interpret)
+
+    @jax.jit
+    def both():
+        init = forward_init(q, acc)
+        want = forward_finish(forward_chunk(q, k, beta, mask, structure, block, init))
+        got = _kernels.forward(q, k, beta, mask, structure, tiles, **run)
+        init = terms_init(seq, arrays, TERMS, acc, dim)
+        rows, cols = terms_chunk(q, k, beta, want[0], mask, arrays, TERMS, structure, block, init)
+        rows, cols = iter(rows), iter(cols)
+        want_terms = tuple(next(rows) if t.row else next(cols) for t in TERMS)
+        got_terms = _kernels.terms(
+            q, k, beta, want[0], mask, arrays, TERMS, structure, tiles, **run
+        )
+        # The fused forward (a JVP's pass): the row terms from the online pass itself, by the
+        # kernel and by the XLA loop, equal the terms pass's.
+        rows_only = tuple(t for t in TERMS if t.row)
+        fused = _kernels.forward(
+            q, k, beta, mask, structure, tiles, arrays=arrays, terms=rows_only, **run
+        )
+        init = (*forward_init(q, acc), *terms_init(seq, arrays, rows_only, acc, dim))
+        args = (q, k, beta, mask, structure, block, init)
+        fused_xla = forward_finish(forward_chunk(*args, arrays=arrays, terms=rows_only))
+        want_rows = tuple(w for w, t in zip(want_terms, TERMS, strict=True) if t.row)
+        got_terms = (*got_terms, *fused[2:], *fused_xla[2:])
+        want_terms = (*want_terms, *want_rows, *want_rows)
+        return (got, got_terms), (want, want_terms)
+
+    got, want = jax.device_get(both())
+    for have, expected in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert have.shape == expected.shape
+        scale = max(1.0, float(np.max(np.abs(expected))))
+        np.testing.assert_allclose(have, expected, rtol=0, atol=TOL[dtype] * scale)
+    if masked:  # the empty row: log-sum-exp 0, no output, no terms
+        lse, out = got[0]
+        assert lse[3] == 0 and np.all(out[3] == 0)
+
+
+def test_block_sizes_are_checked():
+    with pytest.raises(ValueError, match="block_q must be a power of two >= 16, got 48"):
+        _kernels.BlockSizes(48, 64)
+    with pytest.raises(ValueError, match="block_k must be a power of two >= 16, got 8"):
+        _kernels.BlockSizes(64, 8)
+
+
+def test_half_precision_is_accepted_eagerly_as_under_jit():
+    # bfloat16 values known at trace time (an eager call, a bfloat16 beta) are real numbers.
+    x = jnp.ones((5, 8), jnp.bfloat16)
+    beta = jnp.asarray(0.5, jnp.bfloat16)
+    eager = ea.hopfield_energy(x, x, beta=beta)
+    assert eager.dtype == jnp.float32
+    np.testing.assert_allclose(eager, jax.jit(ea.hopfield_energy)(x, x, beta=beta))
+    layer = ea.nn.EnergyTransformer(
+        8, num_heads=2, head_dim=4, num_memories=4, num_steps=1, dtype=jnp.bfloat16, key=jr.key(0)
+    )
+    assert bool(jnp.all(jnp.isfinite(layer(x).astype(jnp.float32))))
+
+
+def test_a_python_beta_leaves_no_host_callback():
+    # Checked at trace time, so the program holds no runtime check (a host callback, which
+    # would be a device-to-host round trip on a GPU and cannot be lowered from a CPU).
+    x = jnp.ones((5, 8))
+    text = jax.jit(lambda x: ea.hopfield_energy(x, x, beta=0.5)).lower(x).as_text()
+    assert "callback" not in text
+
+
+LOWERING = textwrap.dedent(
+    """
+    import json, sys
+    import jax, jax.numpy as jnp, jax.random as jr
+    import energyattn as ea
+
+    SEQ, DIM = 520, 32  # above the blockwise threshold; not a block multiple
+    key = jr.key(0)
+
+    def programs(impl):
+        mask = jnp.arange(SEQ)[None, :] < 500
+        return {
+            "hopfield_energy": lambda x: ea.hopfield_energy(
+                x, 0.5 * x, beta=0.5, implementation=impl),
+            "causal_masked_lse": lambda x: ea.attention_logsumexp(
+                x, x, causal=True, mask=jnp.broadcast_to(mask, (SEQ, SEQ)),
+                implementation=impl).sum(),
+            "EnergyTransformer": lambda x: ea.nn.EnergyTransformer(
+                DIM, num_heads=2, head_dim=16, num_memories=16, num_steps=1,
+                implementation=impl, key=key)(x).sum(),
+        }
+
+    def transformations(f):
+        return {
+            "value_and_grad": jax.value_and_grad(f),
+            "jvp": lambda x: jax.jvp(f, (x,), (x,)),
+            "hvp": lambda x: jax.jvp(jax.grad(f), (x,), (x,))[1],
+        }
+
+    # Pallas asks the target device's kind when it lowers a kernel (newer JAX needs it to be
+    # given for a platform this machine lacks): an abstract device says it.
+    KINDS = {"cuda": ("NVIDIA H100 80GB HBM3", "gpu"), "tpu": ("TPU v5 lite", "tpu")}
+
+    def count(g, x, platform):
+        kind, family = KINDS[platform]
+        device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform=family)
+        mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
+        with jax.sharding.use_abstract_mesh(mesh):
+            lowered = jax.jit(g).trace(x).lower(lowering_platforms=(platform,))
+        text = lowered.as_text()
+        kernels = text.count("xla.gpu.triton") + text.count("tpu_custom_call")
+        return [kernels, text.count("stablehlo.while")]
+
+    # (platform, program, transformation, dtypes): the forward and the terms' passes with
+    # a mask, the causal triangle, the excluded diagonal and vmapped heads, in float32 and
+    # bfloat16, on a GPU and a TPU.
+    cells = []
+    for name in programs("auto"):
+        # A JVP is lowered once (its passes are the energy's wherever it sits).
+        hows = {"hopfield_energy": ("value_and_grad", "jvp", "hvp"),
+                "causal_masked_lse": ("value_and_grad", "hvp")}.get(name, ("value_and_grad",))
+        for how in hows:
+            cells.append(("cuda", name, how, ("float32", "bfloat16")[: 2 if how == "hvp" else 1]))
+    cells += [
+        ("tpu", "hopfield_energy", "value_and_grad", ("bfloat16",)),
+        ("tpu", "causal_masked_lse", "hvp", ("float32",)),
+        ("tpu", "EnergyTransformer", "value_and_grad", ("bfloat16",)),
+    ]
+    found = {}
+    for platform, name, how, dtypes in cells:
+        # The naive program is the control: the loops it has are not attention's.
+        naive = transformations(programs("naive")[name])[how]
+        control = count(naive, jnp.ones((SEQ, DIM), "float32"), platform)
+        for dtype in dtypes:
+            g = transformations(programs("auto")[name])[how]
+            got = count(g, jnp.ones((SEQ, DIM), dtype), platform)
+            found[f"{platform} {dtype} {name} {how}"] = [got, control]
+    print(json.dumps(found))
+    """
+)
+
+
+def test_public_programs_lowered_for_gpus_and_tpus_hold_the_kernels():
+    # Traced on this CPU, lowered for cuda and for tpu: every attention pass is a kernel
+    # (Triton's, Mosaic's), and the program has no loop the naive program lacks (no XLA
+    # loop over key blocks). Equinox's runtime checks are host callbacks, which lower only
+    # for a platform this machine has, so the layers' programs are lowered with
+    # EQX_ON_ERROR=nan (in a fresh process: the setting is read at import).
+    env = dict(os.environ, EQX_ON_ERROR="nan")
+    run = subprocess.run([sys.executable, "-c", LOWERING], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(found) == 11
+    for where, ((kernels, loops), (naive_kernels, naive_loops)) in found.items():
+        # A JVP is one fused pass; the other programs have a forward and a terms pass.
+        assert kernels >= (1 if where.endswith("jvp") else 2) and naive_kernels == 0, where
+        assert loops == naive_loops, where
+
+
+def test_a_jvp_is_one_fused_pass_and_linearize_splits_it():
+    # jax.jvp runs the forward and the tangent's row terms in one pass (one set of
+    # exponentials); jax.linearize and reverse mode keep the primal pass apart from the
+    # linear terms pass, so that the primal is known and nothing is recomputed.
+    q = jnp.asarray(np.random.default_rng(0).normal(size=(7, 3)), jnp.float32)
+
+    def f(q):
+        return jnp.sum(ea.attention_logsumexp(q, q, beta=0.8, implementation="blockwise"))
+
+    def fused(g):
+        return str(jax.make_jaxpr(g)(q)).count("attention_forward_terms")
+
+    assert fused(lambda q: jax.jvp(f, (q,), (q,))) == 1
+    assert fused(lambda q: jax.jvp(jax.grad(f), (q,), (q,))) == 1  # forward over reverse
+    assert fused(jax.grad(f)) == 0
+    assert fused(lambda q: jax.linearize(f, q)[1](q)) == 0
