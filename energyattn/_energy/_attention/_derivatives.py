@@ -489,6 +489,30 @@ def _fused_batch(axis_data, vals, dims, *, terms, config, has_mask):
 batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
 
 
+_terms_vprim_batch = batching.fancy_primitive_batchers[terms_p]
+
+
+def _terms_batch(axis_data, vals, dims, *, terms, config, has_mask):
+    """The vprim's batching, with the arrays the terms are linear in batched whenever
+    anything is: a transpose of the batched pass (reverse over a vmap: `jax.jacrev` of
+    `jax.jacfwd`) gives an array's cotangent per batch entry, which `vmap` cannot return
+    for an unbatched input; broadcast, JAX's transpose of the broadcast sums them."""
+    first = 5 if has_mask else 4
+    if any(d is not None for d in dims):
+        vals, dims = list(vals), list(dims)
+        for i in range(first, len(vals)):
+            if dims[i] is None:
+                x = vals[i]
+                vals[i] = jnp.broadcast_to(x, (axis_data.size, *jnp.shape(x)))
+                dims[i] = 0
+        vals, dims = tuple(vals), tuple(dims)
+    params = dict(terms=terms, config=config, has_mask=has_mask)
+    return _terms_vprim_batch(axis_data, vals, dims, **params)
+
+
+batching.fancy_primitive_batchers[terms_p] = _terms_batch
+
+
 def _terms_dce(used_outputs, *rest):
     """Dead-code elimination of unused terms (their outputs are unused; JAX's rule would keep
     or drop the whole pass). A forward-mode derivative of the energy alone does not use the
