@@ -13,7 +13,11 @@ Contenders, per shape (batch 1, 8 heads, keys as long as the queries):
 - `energy_hvp`: forward-over-reverse Hessian-vector product of the energy;
 - `dpa_xla`, `dpa_cudnn`: `jax.nn.dot_product_attention(q, k, k)` by XLA and by cuDNN
   (GPU only, half precision), and `dpa_cudnn_train`: its value and gradient (the training
-  step's baseline).
+  step's baseline); `pallas_mha`: JAX's own Pallas GPU attention (`mha`, GPU only).
+- `et_train`, `ebt_train`: one training gradient of an Energy Transformer (8 heads, two
+  descent steps: attention derivatives of second order) and of an energy-based
+  transformer (thinking two steps, trained through them), on the same tokens, reported at
+  the attention's flop count (their own rates are lower).
 
 Units: TFLOP/s counted as 4 B H N^2 d for one attention (halved for causal), the way JAX's
 Pallas benchmarks count, whatever pass is timed (so the rate of a JVP is that of the
@@ -21,7 +25,7 @@ attention it differentiates); peak memory is XLA's temporary-buffer accounting o
 compiled program. Times are medians of interleaved repeats after an untimed call.
 
 Targets (issue 52, on an H100): bfloat16 `energy_output` >= 0.8 x `dpa_cudnn` at head dim
-128 and seq >= 4k; `energy_jvp` <= 2 x `energy_output`; `energy_value_and_grad` <= 1.3 x
+128 and seq >= 4k; `energy_jvp` <= 2 x `energy_output`; `et_train` and `ebt_train` <= 1.3 x
 `dpa_cudnn_train`; memory O(seq) in every mode.
 
     python benchmarks/accelerator.py [--quick]
@@ -31,6 +35,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -41,6 +46,8 @@ from _common import interleaved, print_row, write_rows  # noqa: E402
 import energyattn as ea  # noqa: E402
 
 HEADS = 8
+#: The longest sequence measured (the energy-based transformer's learned positions).
+MAX_SEQ = 16384
 
 
 def contenders(head_dim: int, causal: bool, dtype, platform: str) -> dict:
@@ -78,7 +85,56 @@ def contenders(head_dim: int, causal: bool, dtype, platform: str) -> dict:
         fns["dpa_cudnn_train"] = jax.value_and_grad(
             lambda q, k: jnp.sum(dpa("cudnn")(q, k).astype(jnp.float32)), argnums=(0, 1)
         )
+    if platform == "gpu":
+        from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+
+        def mha(q, k):
+            return pallas_attention.mha(
+                q[None], k[None], k[None], None, sm_scale=beta, causal=causal
+            )
+
+        fns["pallas_mha"] = mha
     return fns
+
+
+def model_steps(head_dim: int, dtype) -> tuple[dict, dict]:
+    """One training gradient of an Energy Transformer and of an energy-based transformer on
+    `(seq, heads, head_dim)` tokens, flattened to `(seq, heads * head_dim)`: the functions
+    `(q, k, model)` and the models (arguments of the compiled programs, not constants)."""
+    dim = HEADS * head_dim
+    key = jr.key(0)
+    et = ea.nn.EnergyTransformer(
+        dim, num_heads=HEADS, head_dim=head_dim, num_memories=dim, num_steps=2, key=key
+    )
+    et = jax.tree.map(lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, et)
+
+    def et_loss(model, x):
+        return jnp.mean(jnp.square(model(x).astype(jnp.float32) - x.astype(jnp.float32)))
+
+    et_params, et_static = eqx.partition(et, eqx.is_array)
+
+    def et_train(q, k, params):
+        x = q.reshape(q.shape[0], -1)
+        return eqx.filter_grad(et_loss)(eqx.combine(params, et_static), x)
+
+    ebt = ea.models.EnergyBasedTransformer(dim, MAX_SEQ, dim, num_heads=HEADS, depth=1, key=key)
+
+    ebt_params, ebt_static = eqx.partition(ebt, eqx.is_array)
+
+    def ebt_train(q, k, params):
+        x = q.reshape(q.shape[0], -1).astype(jnp.float32)
+
+        def loss(model):
+            context = model.context(x)
+            y = jnp.zeros_like(x)
+            for _ in range(2):  # two thinking steps, trained through
+                y = y - model.step_size * jax.grad(context)(y)
+            return jnp.mean(jnp.square(y - k.reshape(y.shape).astype(jnp.float32)))
+
+        return eqx.filter_grad(loss)(eqx.combine(params, ebt_static))
+
+    steps = {"et_train": et_train, "ebt_train": ebt_train}
+    return steps, {"et_train": et_params, "ebt_train": ebt_params}
 
 
 def peak_mib(fn, *args) -> float | None:
@@ -106,7 +162,12 @@ def main(argv: list[str] | None = None) -> None:
                     q = jr.normal(kq, (seq, HEADS, head_dim), dtype)
                     k = jr.normal(kk, (seq, HEADS, head_dim), dtype)
                     fns = contenders(head_dim, causal, dtype, platform)
-                    times = interleaved(fns, q, k, repeats=repeats, warm=True)
+                    extra = {}
+                    if not causal:  # the models' masks are their own: once per shape
+                        steps, models = model_steps(head_dim, dtype)
+                        fns.update(steps)
+                        extra = {name: (q, k, model) for name, model in models.items()}
+                    times = interleaved(fns, q, k, repeats=repeats, warm=True, args_for=extra)
                     flops = 4 * HEADS * seq**2 * head_dim / (2 if causal else 1)
                     for name, timing in times.items():
                         row = {
@@ -117,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
                             "seq": seq,
                             "median_ms": 1e3 * timing["median_s"],
                             "tflops": flops / timing["median_s"] / 1e12,
-                            "temp_mib": peak_mib(fns[name], q, k),
+                            "temp_mib": peak_mib(fns[name], *extra.get(name, (q, k))),
                         }
                         print_row(row)
                         rows.append(row)
