@@ -357,3 +357,29 @@ def test_dense_linear_algebra_makes_no_batched_lapack_call():
     text = jax.jit(jax.vmap(programs)).lower(c).as_text()
     calls = re.findall(r'@(lapack_\w+)\(.*?num_batch_dims = "(\d+)"', text)
     assert calls and all(batch == "0" for _, batch in calls), sorted(set(calls))
+
+
+def test_a_type_checker_sees_a_descents_energies_as_an_array():
+    # The documented idiom `sol.energies[-1] < sol.energies[0]` must pass mypy/pyright, so
+    # the field is declared as an array where a type checker reads it (under TYPE_CHECKING)
+    # and Optional only at run time (checked with mypy by hand: "Value of type
+    # 'Array | None' is not indexable" before, no error after).
+    import ast
+    import inspect
+
+    source = inspect.getsource(ea.Solution)
+    checker_view = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    ]
+    assert checker_view, "Solution has no TYPE_CHECKING declarations"
+    declared = {
+        stmt.target.id: ast.unparse(stmt.annotation)
+        for stmt in checker_view[0].body
+        if isinstance(stmt, ast.AnnAssign)
+    }
+    assert declared.get("energies") == "Float[Array, ' steps']"
+    # At run time a solver that records no energies still returns None.
+    sol = ea.fixed_point(lambda y, _: 0.5 * y, jnp.ones(2))
+    assert sol.energies is None
