@@ -338,8 +338,8 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     # would be as unknown as its tangents. There the unfused pair is the one to transform.
     nested = any(_differentiated(x) for x in (*primals, *tangents))
     # A vmap over the tangents alone (`jax.jacfwd`) wants the primal outputs unbatched.
-    primal_axes = set().union(*(_vmaps(x) for x in primals[:3]))
-    tangent_only = any(_vmaps(t) - primal_axes for t in tangents)
+    primal_axes = set().union(*(_unbatched(x)[0] for x in primals[:3]))
+    tangent_only = any(_unbatched(t)[0] - primal_axes for t in tangents)
     if nested or tangent_only or config.ring is not None or config.method == "cudnn":
         return _forward_tangent(primals, tangents, config, has_mask, _unfused(config))
 
@@ -349,21 +349,20 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     return _forward_tangent(primals, tangents, config, has_mask, fused)
 
 
+def _unbatched(x):
+    """`(vmaps, x)`: the vmaps `x` is batched by (their traces' identities) and the value
+    inside them."""
+    vmaps = set()
+    while isinstance(x, batching.BatchTracer):
+        vmaps.add(id(x._trace))
+        x = x.val
+    return vmaps, x
+
+
 def _differentiated(x):
     """Whether `x` is being differentiated (or partially evaluated) by a transformation
     outside the current one, through any `vmap`s."""
-    while isinstance(x, batching.BatchTracer):
-        x = x.val
-    return isinstance(x, (_ad.JVPTracer, _ad.LinearizeTracer, pe.JaxprTracer))
-
-
-def _vmaps(x):
-    """The vmaps `x` is batched by (their traces' identities)."""
-    found = set()
-    while isinstance(x, batching.BatchTracer):
-        found.add(id(x._trace))
-        x = x.val
-    return found
+    return isinstance(_unbatched(x)[1], (_ad.JVPTracer, _ad.LinearizeTracer, pe.JaxprTracer))
 
 
 def _unfused(config):

@@ -160,6 +160,29 @@ def _call(
     )(*inputs)
 
 
+def _term_operands(arrays, terms, tiles, widths, acc, queries, keys):
+    """The terms' per-query and per-key arrays (sorted by index), padded, and their block
+    specs: `queries` and `keys` are `(rows per block, index map)`."""
+    inputs, specs = [], []
+    roles = zip(array_roles(terms), (tiles.seq_p, tiles.mem_p), (queries, keys), strict=True)
+    for indices, length, (rows, where) in roles:
+        for i in sorted(indices):
+            inputs.append(_pad(arrays[i].astype(acc), length, widths[i]))
+            specs.append(pl.BlockSpec((rows, widths[i]), where))
+    return inputs, specs
+
+
+def _term_refs(refs, terms, has_mask):
+    """`(mask_ref, query_refs, key_refs, rest)` from a kernel's refs after its fixed ones,
+    in `_term_operands`'s order (the mask first, if any)."""
+    per_query, per_key = array_roles(terms)
+    refs = list(refs)
+    mask_ref = refs.pop(0) if has_mask else None
+    query_refs = {i: refs.pop(0) for i in sorted(per_query)}
+    key_refs = {i: refs.pop(0) for i in sorted(per_key)}
+    return mask_ref, query_refs, key_refs, refs
+
+
 def _causal_key_blocks(structure, row0, bq, bk, num):
     """The key blocks a query block starting at `row0` needs: all, or under the causal
     triangle those up to its last query."""
@@ -181,11 +204,7 @@ def _forward_kernel(q_ref, k_ref, beta_ref, *refs, tiles, structure, has_mask, t
     """The online pass of one query block; with `terms` (row terms) their sums too, in the
     same pass (the fused forward of a JVP). `refs`: the mask (if any), the terms' per-query
     and per-key arrays (by index, sorted), the log-sum-exp, the output, the terms' sums."""
-    per_query, per_key = array_roles(terms)
-    refs = list(refs)
-    mask_ref = refs.pop(0) if has_mask else None
-    query_refs = {i: refs.pop(0) for i in sorted(per_query)}
-    key_refs = {i: refs.pop(0) for i in sorted(per_key)}
+    mask_ref, query_refs, key_refs, refs = _term_refs(refs, terms, has_mask)
     lse_ref, out_ref, *sum_refs = refs
     bq, bk = tiles.bq, tiles.bk
     acc = beta_ref.dtype
@@ -264,13 +283,10 @@ def forward(
         in_specs.append(pl.BlockSpec((bq, tiles.mem_p), mine))
     arrays = key_arrays(q, k.astype(acc), beta, arrays or {})
     widths = {i: tiles.width(a.shape[1]) for i, a in arrays.items()}
-    per_query, per_key = array_roles(terms)
-    for i in sorted(per_query):
-        inputs.append(_pad(arrays[i].astype(acc), tiles.seq_p, widths[i]))
-        in_specs.append(pl.BlockSpec((bq, widths[i]), mine))
-    for i in sorted(per_key):
-        inputs.append(_pad(arrays[i].astype(acc), tiles.mem_p, widths[i]))
-        in_specs.append(pl.BlockSpec((tiles.mem_p, widths[i]), whole))
+    more, specs = _term_operands(
+        arrays, terms, tiles, widths, acc, (bq, mine), (tiles.mem_p, whole)
+    )
+    inputs, in_specs = inputs + more, in_specs + specs
     kernel = functools.partial(
         _forward_kernel,
         tiles=tiles,
@@ -315,12 +331,7 @@ def _terms_kernel(
     (a program per key block, a loop over query blocks). `refs`: the mask (if any), the
     per-query arrays, the per-key arrays (by index, in sorted order), then one output per
     term."""
-    per_query, per_key = array_roles(terms)
-    refs = list(refs)
-    mask_ref = refs.pop(0) if has_mask else None
-    query_refs = {i: refs.pop(0) for i in sorted(per_query)}
-    key_refs = {i: refs.pop(0) for i in sorted(per_key)}
-    outs = refs
+    mask_ref, query_refs, key_refs, outs = _term_refs(refs, terms, has_mask)
     bq, bk = tiles.bq, tiles.bk
     acc = beta_ref.dtype
     beta = beta_ref[...]
@@ -404,7 +415,6 @@ def terms(
         chosen = tuple(t for t in terms_ if t.row == row)
         if not chosen:
             continue
-        per_query, per_key = array_roles(chosen)
         mine = lambda i: (i, 0)  # noqa: E731
         if row:  # a program per query block: its queries, every key
             grid, queries, keys = (tiles.seq_p // bq,), (bq, mine), (tiles.mem_p, whole)
@@ -422,12 +432,8 @@ def terms(
         if mask is not None:
             inputs.append(padded_mask)
             in_specs.append(mask_spec)
-        for i in sorted(per_query):
-            inputs.append(_pad(arrays[i].astype(acc), tiles.seq_p, widths[i]))
-            in_specs.append(pl.BlockSpec((queries[0], widths[i]), queries[1]))
-        for i in sorted(per_key):
-            inputs.append(_pad(arrays[i].astype(acc), tiles.mem_p, widths[i]))
-            in_specs.append(pl.BlockSpec((keys[0], widths[i]), keys[1]))
+        more, specs = _term_operands(arrays, chosen, tiles, widths, acc, queries, keys)
+        inputs, in_specs = inputs + more, in_specs + specs
         length, block = (tiles.seq_p, queries) if row else (tiles.mem_p, keys)
         out_shape = [jax.ShapeDtypeStruct((length, widths[t.value]), acc) for t in chosen]
         out_specs = [pl.BlockSpec((block[0], widths[t.value]), block[1]) for t in chosen]

@@ -12,6 +12,7 @@ lowered for `cuda` therefore holds the kernels.
 themselves -- every derivative is a rule that calls them again.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -36,8 +37,8 @@ class Config(NamedTuple):
     """The static configuration of one log-sum-exp: `method` (`"blockwise"`, `"pallas"` or
     `"cudnn"`), the structural masks (`Structure`: the excluded diagonal, the causal
     triangle), keys per block of the forward pass and of the derivatives' passes (the XLA
-    loop's), the ring (or `None`), whether a vmap over heads runs head by head on a CPU,
-    and the kernels' tiling."""
+    loop's; the kernels tile by their platform's `_kernels.DEFAULT_BLOCK_SIZES`), the ring
+    (or `None`), and whether a vmap over heads runs head by head on a CPU."""
 
     method: str
     structure: Structure
@@ -45,7 +46,6 @@ class Config(NamedTuple):
     pass_block_size: int
     ring: RingAxis | None
     heads_in_turn: bool
-    tiles: _kernels.BlockSizes | None = None  # None: the platform's default
 
 
 def _in_turn(fn, *args):
@@ -89,7 +89,8 @@ def run_forward(q, k, beta, mask, config: Config, arrays=(), terms: tuple[Term, 
     (row terms over `arrays`, see `_blocks.terms_chunk`) their sums too, from the same
     online pass (one device only: the fused forward of a JVP)."""
     if config.ring is not None:
-        assert not terms, "the ring's forward takes no terms"
+        if terms:  # the JVP rule fuses on one device only
+            raise NotImplementedError("the ring's forward pass takes no terms")
         return ring_forward(config.ring, q, k, beta, mask, config.structure, config.block_size)
 
     def one_device(q, k, beta, mask, arrays):
@@ -108,36 +109,36 @@ def run_forward(q, k, beta, mask, config: Config, arrays=(), terms: tuple[Term, 
             out = _cudnn.fused_rows(q, k, beta, k)
         return (lse, out, *rows)
 
+    def kernel(q, k, beta, mask, arrays, **how):
+        table = dict(enumerate(arrays))
+        return _kernels.forward(
+            q, k, beta, mask, config.structure, arrays=table, terms=terms, **how
+        )
+
+    return _on_platform(config, one_device, kernel, q, k, beta, mask, tuple(arrays))
+
+
+def _on_platform(config, one_device, kernel, *args):
+    """`one_device(*args)` (the XLA loop, head by head on a CPU when `config` says so) or
+    `kernel(*args, blocks=..., platform=..., interpret=...)`, by the platform the program is
+    lowered for: for the blockwise method the kernels on GPUs and TPUs (below 64 bits:
+    float64 keeps the XLA loop) and the XLA loop on a CPU; for `"pallas"` the kernels
+    everywhere, the GPU's interpreted on a CPU. cuDNN's path is the XLA loop's own."""
     if config.method == "cudnn":
-        return one_device(q, k, beta, mask, tuple(arrays))
+        return one_device(*args)
 
-    def xla(q, k, beta, mask, arrays):
-        if config.heads_in_turn:
-            return _in_turn(one_device, q, k, beta, mask, arrays)
-        return one_device(q, k, beta, mask, arrays)
+    def xla(*args):
+        return _in_turn(one_device, *args) if config.heads_in_turn else one_device(*args)
 
-    def kernel(platform, interpret):
-        def run(q, k, beta, mask, arrays):
-            tiles = config.tiles or _kernels.DEFAULT_BLOCK_SIZES[platform]
-            return _kernels.forward(
-                q, k, beta, mask, config.structure, tiles, arrays=dict(enumerate(arrays)),
-                terms=terms, platform=platform, interpret=interpret,
-            )  # fmt: skip
+    def on(platform, interpret=False):
+        blocks = _kernels.DEFAULT_BLOCK_SIZES[platform]
+        return functools.partial(kernel, blocks=blocks, platform=platform, interpret=interpret)
 
-        return run
-
-    return _on_platform(config, beta.dtype, xla, kernel, q, k, beta, mask, tuple(arrays))
-
-
-def _on_platform(config, acc, xla, kernel, *args):
-    """`xla(*args)` or a kernel (`kernel(platform, interpret)(*args)`) by the platform the
-    program is lowered for: for the blockwise method the kernels on GPUs and TPUs (below 64
-    bits: float64 keeps the XLA loop) and the XLA loop on a CPU; for `"pallas"` the kernels
-    everywhere, the GPU's interpreted on a CPU."""
-    narrow = jnp.dtype(acc).itemsize <= 4
-    gpu = kernel("gpu", False) if narrow else xla
-    tpu = kernel("tpu", False) if narrow else xla
-    cpu = kernel("gpu", True) if config.method == "pallas" else xla
+    beta = args[2]
+    narrow = jnp.dtype(beta.dtype).itemsize <= 4
+    gpu = on("gpu") if narrow else xla
+    tpu = on("tpu") if narrow else xla
+    cpu = on("gpu", interpret=True) if config.method == "pallas" else xla
     return jax.lax.platform_dependent(*args, cpu=cpu, cuda=gpu, rocm=gpu, tpu=tpu, default=cpu)
 
 
@@ -176,26 +177,11 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
         blockwise = iter(_in_order(rest, rows, cols))
         return tuple(fused[t] if t in fused else next(blockwise) for t in range(len(terms)))
 
-    if config.method == "cudnn":
-        return one_device(q, k, beta, lse, mask, tuple(arrays))
+    def kernel(q, k, beta, lse, mask, arrays, **how):
+        table = dict(enumerate(arrays))
+        return _kernels.terms(q, k, beta, lse, mask, table, terms, config.structure, **how)
 
-    def xla(q, k, beta, lse, mask, arrays):
-        if config.heads_in_turn:
-            return _in_turn(one_device, q, k, beta, lse, mask, arrays)
-        return one_device(q, k, beta, lse, mask, arrays)
-
-    def kernel(platform, interpret):
-        def run(q, k, beta, lse, mask, arrays):
-            tiles = config.tiles or _kernels.DEFAULT_BLOCK_SIZES[platform]
-            table = dict(enumerate(arrays))
-            return _kernels.terms(
-                q, k, beta, lse, mask, table, terms, config.structure, tiles,
-                platform=platform, interpret=interpret,
-            )  # fmt: skip
-
-        return run
-
-    return _on_platform(config, beta.dtype, xla, kernel, q, k, beta, lse, mask, tuple(arrays))
+    return _on_platform(config, one_device, kernel, q, k, beta, lse, mask, tuple(arrays))
 
 
 def _in_order(terms, rows, cols):
