@@ -185,6 +185,13 @@ class LineSearchState(NamedTuple):
     backtracks: Int[Array, ""]
 
 
+def _residual_reached(point: Trial, start_value: Array, rtol: float, atol: float) -> Array:
+    r"""Whether a root search's residual is as small as the tolerances make it: the rms of
+    F (from the merit $\tfrac12\lVert F\rVert^2$ at `point`) against the start's."""
+    n = point.y.shape[0]
+    return jnp.sqrt(2 * point.f / n) <= atol + rtol * jnp.sqrt(2 * start_value / n)
+
+
 class AbstractLineSearchSolver(AbstractIterativeSolver):
     """A solver that proposes a direction at each iterate and takes it with `backtrack`.
 
@@ -236,9 +243,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         # iterate runs off while F tends to zero (exp(y) has no root), or the root is not
         # isolated. Either way more steps cannot help.
         rtol, atol = self.tolerances(state.point.y.dtype)
-        n = state.point.y.shape[0]
-        size = jnp.sqrt(2 * state.point.f / n)
-        return size <= atol + rtol * jnp.sqrt(2 * state.start_value / n)
+        return _residual_reached(state.point, state.start_value, rtol, atol)
 
     def certify(
         self, problem: AbstractProblem, args: Any, state: LineSearchState, unrolled: bool
@@ -436,7 +441,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             # of a stalled search either.
             start_value = jnp.where(state.started, state.start_value, point.f)
             n = y.shape[0]
-            reached = jnp.sqrt(2 * point.f / n) <= atol + rtol * jnp.sqrt(2 * start_value / n)
+            reached = _residual_reached(point, start_value, rtol, atol)
             exact = self.exact_step(n)
             near = small & (reached | (solved & exact))
             stuck = small & ~reached & ~solved
