@@ -23,6 +23,7 @@ from ._energy import (
     AbstractHiddenPrior as AbstractHiddenPrior,
     BernoulliPrior as BernoulliPrior,
     BinaryVisible as BinaryVisible,
+    BlockSizes as BlockSizes,
     ClassicalHopfieldEnergy as ClassicalHopfieldEnergy,
     ConstantPrior as ConstantPrior,
     DenseHopfieldEnergy as DenseHopfieldEnergy,

@@ -46,7 +46,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from ._checks import positive_int, shape_str
 from ._custom_types import Scalar, ScalarLike
-from ._energy import ring_hopfield_energy as _ring_hopfield_energy
+from ._energy import BlockSizes, ring_hopfield_energy as _ring_hopfield_energy
 from ._sharding import sequence_parallel
 from ._train import train_step
 
@@ -456,7 +456,7 @@ def ring_hopfield_energy(
     *,
     beta: ScalarLike = 1.0,
     mask: Bool[ArrayLike, "seq mem"] | None = None,
-    block_size: int | None = None,
+    block_size: int | BlockSizes | None = None,
 ) -> Scalar:
     r"""[`ea.hopfield_energy`][energyattn.hopfield_energy] with queries and memories split
     along the sequence over the devices of a one-axis mesh (ring attention).
@@ -488,7 +488,8 @@ def ring_hopfield_energy(
     - `beta`: inverse temperature $\beta > 0$.
     - `mask`: optional boolean `(seq, mem)`, `True` where query $i$ may attend to memory
       $j$ (causal, padding, ...); split by rows like the queries.
-    - `block_size`: memories per block of each device's passes (default: as one device
+    - `block_size`: the tiling of each device's passes, a
+      [`BlockSizes`][energyattn.BlockSizes] or memories per block (default: as one device
       would take for all the queries, see
       [`attention_logsumexp`][energyattn.attention_logsumexp]).
 

@@ -138,12 +138,13 @@ def test_garbage_in_masked_out_memory_stays_out(getkey):
 def test_auto_dispatch():
     select = ea.select_implementation
     common = dict(dtype=jnp.float32, head_dim=64, structured_mask=False, backend="cpu")
-    assert select("auto", entries=ea.BLOCKWISE_THRESHOLD, **common) == "naive"
+    assert select("auto", entries=ea.BLOCKWISE_THRESHOLD, **common) == "small"
     assert select("auto", entries=ea.BLOCKWISE_THRESHOLD + 1, **common) == "blockwise"
     # The choice reads the shapes, never the backend: the platform the program is lowered
-    # for picks the kernels or the XLA loop of the blockwise path (`_passes`).
+    # for picks the kernels, the XLA loop or the naive program (`_passes`, `lse_rows`).
     gpu = dict(common, backend="gpu")
-    assert select("auto", entries=10, **dict(gpu, dtype=jnp.bfloat16)) == "naive"
+    assert select("auto", entries=10, **dict(gpu, dtype=jnp.bfloat16)) == "small"
+    assert select("small", entries=2**30, **common) == "small"
     assert select("auto", entries=2**30, **dict(gpu, dtype=jnp.bfloat16)) == "blockwise"
     assert select("auto", entries=2**30, **dict(gpu, structured_mask=True)) == "blockwise"
     assert select("pallas", entries=10, **common) == "pallas"

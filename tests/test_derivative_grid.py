@@ -38,7 +38,8 @@ def lse_path(path, block_size=3):
         beta = jnp.asarray(beta, jnp.promote_types(q.dtype, jnp.float32))
         ring = (mesh_of(int(path[4:])), "seq") if path.startswith("ring") else None
         method = {"fused": "cudnn", "naive": "naive", "pallas": "pallas"}.get(path, "blockwise")
-        args = (q, k, beta, mask, exclude_self, method, block_size, ring)
+        blocks = _attention.as_block_sizes(block_size)
+        args = (q, k, beta, mask, exclude_self, method, blocks, ring)
         return _attention.lse_rows(*args, causal=causal)
 
     return rows

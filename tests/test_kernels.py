@@ -70,8 +70,8 @@ def test_kernels_equal_the_xla_loop(case, platform):
     }
     # The same key blocks as the XLA loop's: in half precision the probabilities are rounded
     # relative to the running max, which depends on where the blocks fall.
-    tiles = _kernels.BlockSizes(16, 16)
-    block = _kernels._Tiles(seq, mem, tiles, platform).bk
+    tiles = ea.BlockSizes(16, 16, 16).on(platform, seq)
+    block = _kernels._Tiles(seq, mem, 16, 16, platform).bk
     # The TPU kernels run in Pallas's TPU interpreter, the GPU ones in its generic one.
     interpret = pltpu.InterpretParams() if platform == "tpu" else True
     run = dict(platform=platform, interpret=interpret)
@@ -112,11 +112,39 @@ def test_kernels_equal_the_xla_loop(case, platform):
         assert lse[3] == 0 and np.all(out[3] == 0)
 
 
-def test_block_sizes_are_checked():
-    with pytest.raises(ValueError, match="block_q must be a power of two >= 16, got 48"):
-        _kernels.BlockSizes(48, 64)
-    with pytest.raises(ValueError, match="block_k must be a power of two >= 16, got 8"):
-        _kernels.BlockSizes(64, 8)
+def test_block_sizes():
+    # Each platform's defaults fill the fields left None; a field given holds everywhere.
+    assert ea.BlockSizes.default("gpu", 100) == ea.BlockSizes(64, 64, 64, None, 2)
+    assert ea.BlockSizes.default("cpu", 5000) == ea.BlockSizes(5000, 128, 64)
+    assert ea.BlockSizes(block_k=32).on("tpu", 10) == ea.BlockSizes(128, 32, 128)
+    with pytest.raises(ValueError, match="block_q must be a positive integer, got 0"):
+        ea.BlockSizes(block_q=0)
+    with pytest.raises(ValueError, match="platform must be 'cpu', 'gpu' or 'tpu', got 'cuda'"):
+        ea.BlockSizes.default("cuda", 10)
+    with pytest.raises(ValueError, match="block_size must be a positive integer, got -2"):
+        ea.attention_logsumexp(jnp.ones((3, 2)), jnp.ones((3, 2)), block_size=-2)
+
+
+def test_any_tiling_gives_the_same_numbers(getkey):
+    # Sizes that are not powers of two (rounded up by the kernels), blocks longer than the
+    # sequence, an integer block size: the kernels and the loop give the naive numbers.
+    q, k, t = (jr.normal(getkey(), (19, 6)) for _ in range(3))
+    tilings = (ea.BlockSizes(block_q=24, block_k=40, block_k_terms=17), 5, ea.BlockSizes(64))
+
+    def derivatives(impl, block_size):
+        def f(q):
+            lse = ea.attention_logsumexp(
+                q, k, causal=True, implementation=impl, block_size=block_size
+            )
+            return jnp.sum(jnp.sin(lse))
+
+        return f(q), jax.grad(f)(q), jax.jvp(jax.grad(f), (q,), (t,))[1]
+
+    got = jax.jit(lambda: [derivatives(i, b) for i in ("pallas", "blockwise") for b in tilings])()
+    want = jax.jit(lambda: derivatives("naive", None))()
+    for have in got:
+        for a, b in zip(jax.tree.leaves(have), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_half_precision_is_accepted_eagerly_as_under_jit():
@@ -148,9 +176,14 @@ LOWERING = textwrap.dedent(
 
     SEQ, DIM = 520, 32  # above the blockwise threshold; not a block multiple
     key = jr.key(0)
+    models = ea.models
 
     def programs(impl):
+        # `impl` "auto" is the default; its control is "naive". Large programs are
+        # (SEQ, DIM); the models' small ones (default settings: "auto" takes the naive
+        # program on a CPU below the threshold, the kernels on GPUs and TPUs) are (12, 8).
         mask = jnp.arange(SEQ)[None, :] < 500
+        ebt = lambda: models.EnergyBasedTransformer(8, 12, 16, implementation=impl, key=key)
         return {
             "hopfield_energy": lambda x: ea.hopfield_energy(
                 x, 0.5 * x, beta=0.5, implementation=impl),
@@ -160,6 +193,9 @@ LOWERING = textwrap.dedent(
             "EnergyTransformer": lambda x: ea.nn.EnergyTransformer(
                 DIM, num_heads=2, head_dim=16, num_memories=16, num_steps=1,
                 implementation=impl, key=key)(x).sum(),
+            "small HopfieldAttention": lambda x: ea.nn.HopfieldAttention(
+                8, num_heads=2, implementation=impl, key=key)(x).sum(),
+            "small EnergyBasedTransformer": lambda x: ebt()(x, jnp.sin(x).astype(jnp.float32)),
         }
 
     def transformations(f):
@@ -172,6 +208,9 @@ LOWERING = textwrap.dedent(
     # Pallas asks the target device's kind when it lowers a kernel (newer JAX needs it to be
     # given for a platform this machine lacks): an abstract device says it.
     KINDS = {"cuda": ("NVIDIA H100 80GB HBM3", "gpu"), "tpu": ("TPU v5 lite", "tpu")}
+
+    def shape(name):
+        return (12, 8) if name.startswith("small") else (SEQ, DIM)
 
     def count(g, x, platform):
         kind, family = KINDS[platform]
@@ -197,15 +236,16 @@ LOWERING = textwrap.dedent(
         ("tpu", "hopfield_energy", "value_and_grad", ("bfloat16",)),
         ("tpu", "causal_masked_lse", "hvp", ("float32",)),
         ("tpu", "EnergyTransformer", "value_and_grad", ("bfloat16",)),
+        ("tpu", "small EnergyBasedTransformer", "value_and_grad", ("float32",)),
     ]
     found = {}
     for platform, name, how, dtypes in cells:
         # The naive program is the control: the loops it has are not attention's.
         naive = transformations(programs("naive")[name])[how]
-        control = count(naive, jnp.ones((SEQ, DIM), "float32"), platform)
+        control = count(naive, jnp.ones(shape(name), "float32"), platform)
         for dtype in dtypes:
             g = transformations(programs("auto")[name])[how]
-            got = count(g, jnp.ones((SEQ, DIM), dtype), platform)
+            got = count(g, jnp.ones(shape(name), dtype), platform)
             found[f"{platform} {dtype} {name} {how}"] = [got, control]
     print(json.dumps(found))
     """
@@ -222,7 +262,7 @@ def test_public_programs_lowered_for_gpus_and_tpus_hold_the_kernels():
     run = subprocess.run([sys.executable, "-c", LOWERING], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(found) == 11
+    assert len(found) == 14
     for where, ((kernels, loops), (naive_kernels, naive_loops)) in found.items():
         # A JVP is one fused pass; the other programs have a forward and a terms pass.
         assert kernels >= (1 if where.endswith("jvp") else 2) and naive_kernels == 0, where

@@ -2,8 +2,12 @@
 # re-exported by `energyattn` itself.
 from ._attention import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
+    BlockSize as BlockSize,
+    BlockSizes as BlockSizes,
     Implementation as Implementation,
+    as_block_sizes as as_block_sizes,
     attention_logsumexp as attention_logsumexp,
+    check_block_size as check_block_size,
     check_implementation as check_implementation,
     select_implementation as select_implementation,
 )

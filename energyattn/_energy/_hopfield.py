@@ -12,10 +12,12 @@ from .._checks import check_mask, check_matching_dim, check_positive, check_shap
 from .._custom_types import Scalar, ScalarLike
 from .._sharding import split_rows
 from ._attention import (
+    BlockSize,
     Implementation,
+    as_block_sizes,
+    check_block_size,
     check_implementation,
     lse_rows,
-    resolve_block_size,
     select_implementation,
 )
 from ._base import AbstractEnergy
@@ -28,7 +30,7 @@ def hopfield_energy(
     beta: ScalarLike = 1.0,
     mask: Bool[ArrayLike, "seq mem"] | None = None,
     implementation: Implementation = "auto",
-    block_size: int | None = None,
+    block_size: BlockSize = None,
 ) -> Scalar:
     r"""Log-sum-exp energy of modern continuous Hopfield networks.
 
@@ -62,11 +64,11 @@ def hopfield_energy(
     - `memory`: stored patterns $M$, shape `(mem, dim)`.
     - `beta`: inverse temperature $\beta > 0$ (attention's `scale`, usually $1/\sqrt{d}$).
     - `mask`: optional boolean `(seq, mem)`; `True` where query $i$ may attend to memory $j$.
-    - `implementation`: `"auto"`, `"naive"`, `"blockwise"` or `"cudnn"`, as in
-      [`attention_logsumexp`][energyattn.attention_logsumexp].
-    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
-      128 beyond 4096 queries, and half that in the derivatives' passes; see
-      [`attention_logsumexp`][energyattn.attention_logsumexp]).
+    - `implementation`: `"auto"`, `"naive"`, `"small"`, `"blockwise"`, `"pallas"` or
+      `"cudnn"`, as in [`attention_logsumexp`][energyattn.attention_logsumexp].
+    - `block_size`: the tiling of the blockwise passes, a
+      [`BlockSizes`][energyattn.BlockSizes] or keys per block (default: each platform's;
+      see [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     **Returns:**
 
@@ -87,7 +89,7 @@ def _hopfield_energy(
     beta: ScalarLike,
     mask: Bool[ArrayLike, "seq mem"] | None,
     implementation: Implementation,
-    block_size: int | None,
+    block_size: BlockSize,
     ring: tuple[Any, str] | None,
 ) -> Scalar:
     # `hopfield_energy`, with `ring = (mesh, axis)` computed context-parallel over that axis
@@ -118,7 +120,7 @@ def _hopfield_energy(
     )
     acc = jnp.promote_types(jnp.result_type(query, memory), jnp.float32)
     beta = beta.astype(acc)
-    lse = lse_rows(query, memory, beta, mask, False, method, resolve_block_size(block_size), ring)
+    lse = lse_rows(query, memory, beta, mask, False, method, as_block_sizes(block_size), ring)
     quadratic = 0.5 * jnp.sum(jnp.square(query.astype(acc)))
     return quadratic - jnp.sum(lse) / beta
 
@@ -151,7 +153,7 @@ class HopfieldEnergy(AbstractEnergy):
     beta: Float[Array, ""]
     mask: Bool[Array, "seq mem"] | None
     implementation: str = eqx.field(static=True)
-    block_size: int | None = eqx.field(static=True)
+    block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
         self,
@@ -160,7 +162,7 @@ class HopfieldEnergy(AbstractEnergy):
         beta: ScalarLike = 1.0,
         mask: Bool[ArrayLike, "seq mem"] | None = None,
         implementation: Implementation = "auto",
-        block_size: int | None = None,
+        block_size: BlockSize = None,
     ):
         check_shape("memory", memory, "mem dim")
         self.memory = jnp.asarray(memory)
@@ -169,7 +171,7 @@ class HopfieldEnergy(AbstractEnergy):
             mask = check_mask(mask, (None, self.memory.shape[0]), "seq mem")
         self.mask = mask
         self.implementation = check_implementation(implementation)
-        self.block_size = None if block_size is None else resolve_block_size(block_size)
+        self.block_size = check_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
         check_matching_dim(
@@ -399,7 +401,7 @@ def ring_hopfield_energy(
     *,
     beta: ScalarLike = 1.0,
     mask: Bool[ArrayLike, "seq mem"] | None = None,
-    block_size: int | None = None,
+    block_size: BlockSize = None,
 ) -> Scalar:
     """`hopfield_energy` context-parallel over the mesh axis `axis` (checked by the caller,
     `ea.parallel.ring_hopfield_energy`)."""

@@ -10,11 +10,13 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
 from ._attention import (
+    BlockSize,
     Implementation,
+    as_block_sizes,
+    check_block_size,
     check_implementation,
     lse_rows,
     masked_logsumexp,
-    resolve_block_size,
     select_implementation,
 )
 from ._base import AbstractEnergy
@@ -36,7 +38,7 @@ def transformer_attention_energy(
     mask: Bool[ArrayLike, "seq seq"] | None = None,
     include_self: bool = False,
     implementation: Implementation = "auto",
-    block_size: int | None = None,
+    block_size: BlockSize = None,
 ) -> Scalar:
     r"""The Energy Transformer's multi-head attention energy.
 
@@ -60,13 +62,14 @@ def transformer_attention_energy(
     - `mask`: optional boolean `(seq, seq)`; `mask[C, B]` is `True` where token $C$ may attend
       to token $B$.
     - `include_self`: also sum over $B = C$ (the released ImageNet weights were trained so).
-    - `implementation`: `"auto"` (blockwise above $2^{17}$ score entries, heads x seq x seq),
-      `"naive"` or `"blockwise"`, as in
+    - `implementation`: `"auto"` (the kernels on a GPU or TPU; on a CPU blockwise above
+      $2^{17}$ score entries, heads x seq x seq), `"naive"`, `"small"`, `"blockwise"`,
+      `"pallas"` or `"cudnn"`, as in
       [`attention_logsumexp`][energyattn.attention_logsumexp]: the blockwise path never holds
       a `(seq, seq)` matrix, and excludes the diagonal without building a mask.
-    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
-      128 beyond 4096 queries, and half that in the derivatives' passes; see
-      [`attention_logsumexp`][energyattn.attention_logsumexp]).
+    - `block_size`: the tiling of the blockwise passes, a
+      [`BlockSizes`][energyattn.BlockSizes] or keys per block (default: each platform's;
+      see [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     **Returns:**
 
@@ -101,7 +104,7 @@ def transformer_attention_energy(
     queries = jnp.einsum("cd,hyd->hcy", g, w_query, preferred_element_type=acc)
     keys = jnp.einsum("bd,hyd->hby", g, w_key, preferred_element_type=acc)
     beta = beta.astype(acc)
-    block_size = resolve_block_size(block_size)
+    block_size = as_block_sizes(block_size)
 
     def head_lse(q: Float[Array, "seq head_dim"], k: Float[Array, "seq head_dim"]) -> Array:
         return lse_rows(q, k, beta, mask, not include_self, method, block_size)
@@ -186,7 +189,7 @@ class TransformerAttentionEnergy(AbstractEnergy):
     beta: Float[Array, ""]
     include_self: bool = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
-    block_size: int | None = eqx.field(static=True)
+    block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
         self,
@@ -196,7 +199,7 @@ class TransformerAttentionEnergy(AbstractEnergy):
         beta: ScalarLike,
         include_self: bool = False,
         implementation: Implementation = "auto",
-        block_size: int | None = None,
+        block_size: BlockSize = None,
     ):
         check_shape("w_query", w_query, "heads head_dim dim")
         check_shape("w_key", w_key, "heads head_dim dim")
@@ -205,7 +208,7 @@ class TransformerAttentionEnergy(AbstractEnergy):
         self.beta = check_positive("beta", beta)
         self.include_self = bool(include_self)
         self.implementation = check_implementation(implementation)
-        self.block_size = None if block_size is None else resolve_block_size(block_size)
+        self.block_size = check_block_size(block_size)
 
     def __call__(self, x: Float[Array, "seq dim"], args: Any = None) -> Scalar:
         check_matching_dim(

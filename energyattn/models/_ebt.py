@@ -21,7 +21,13 @@ from .._checks import (
     python_float,
     shape_str,
 )
-from .._energy import AbstractEnergy, attention_logsumexp, select_implementation
+from .._energy import (
+    AbstractEnergy,
+    BlockSize,
+    attention_logsumexp,
+    check_block_size,
+    select_implementation,
+)
 from .._sharding import sequence_axis
 from .._solver import descend
 from ._training import TrainResult, fit
@@ -37,7 +43,7 @@ def causal_attention(
     scale: float,
     own: tuple[Float[Array, "seq head_dim"], Float[Array, "seq head_dim"]] | None = None,
     implementation: Implementation = "auto",
-    block_size: int | None = None,
+    block_size: BlockSize = None,
 ) -> Float[Array, "seq head_dim"]:
     r"""Causal softmax attention with values, obtained as the gradient of a log-sum-exp.
 
@@ -48,7 +54,7 @@ def causal_attention(
     The values ride in an auxiliary half of the keys, and the attention output is the force
     of the log-sum-exp energy on the matching half of the queries: on the blockwise and
     context-parallel paths the package's attention log-sum-exp, with its derivatives of every
-    order in O(seq) memory, is all there is. The naive path (`"auto"` below
+    order in O(seq) memory, is all there is. The naive path (and `"auto"` on a CPU below
     `BLOCKWISE_THRESHOLD` score entries) writes the left-hand side out, the masked softmax of
     the `(seq, seq)` scores under plain autodiff, whose higher derivatives are smaller
     programs; every path gives the same values and derivatives. With `own = (k', v')` query
@@ -70,11 +76,26 @@ def causal_attention(
         head_dim=q.shape[-1],
         structured_mask=True,
     )
-    if method == "naive" and sequence_axis(q, k) is None:
+    if sequence_axis(q, k) is None:
         # The same equation written out: plain autodiff of the (seq, seq) scores is what the
         # naive path is, and its derivatives (of every order, as training through a descent
         # takes) are smaller programs than those of the log-sum-exp's gradient.
-        return _explicit_causal_attention(q, k, v, scale, own)
+        def explicit():
+            return _explicit_causal_attention(q, k, v, scale, own)
+
+        if method == "naive" or (method == "small" and jnp.dtype(q.dtype).itemsize > 4):
+            return explicit()
+        if method == "small":
+            # Naive where the program is lowered for a CPU, the kernels on GPUs and TPUs.
+            def kernels():
+                return _gradient_attention(q, k, v, scale, own, "blockwise", block_size)
+
+            return jax.lax.platform_dependent(cpu=explicit, default=kernels)
+    return _gradient_attention(q, k, v, scale, own, method, block_size)
+
+
+def _gradient_attention(q, k, v, scale, own, method, block_size):
+    """`causal_attention` as the gradient of the log-sum-exp (every path but the naive)."""
     width = v.shape[-1]
 
     def total(u: Array) -> Array:
@@ -154,9 +175,9 @@ def _check_path(implementation: str) -> str:
     return implementation
 
 
-def _with_path(model: Any, implementation: str, block_size: int | None) -> Any:
+def _with_path(model: Any, implementation: str, block_size: BlockSize) -> Any:
     implementation = _check_path(implementation)
-    block_size = None if block_size is None else positive_int("block_size", block_size)
+    block_size = check_block_size(block_size)
     # Static fields are not leaves: rebuilt through the dataclass, not `eqx.tree_at`.
     target = model.transformer if isinstance(model, EnergyBasedTransformer) else model
     changed = object.__new__(type(target))
@@ -196,7 +217,8 @@ class CausalTransformer(eqx.Module):
     - `implementation`: the attention's path, `"auto"`, `"naive"`, `"blockwise"` or
       `"pallas"` (the same numbers; a sequence split over devices by
       `ea.parallel.context_parallel` runs the ring).
-    - `block_size`: keys per block of the blockwise passes (default: the package's choice).
+    - `block_size`: the tiling of the blockwise passes, a
+      [`BlockSizes`][energyattn.BlockSizes] or keys per block (default: each platform's).
     - `key`: PRNG key.
     """
 
@@ -207,7 +229,7 @@ class CausalTransformer(eqx.Module):
     head: eqx.nn.Linear
     num_heads: int = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
-    block_size: int | None = eqx.field(static=True)
+    block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
         self,
@@ -220,7 +242,7 @@ class CausalTransformer(eqx.Module):
         hidden: int | None = None,
         out_dim: int | None = None,
         implementation: Implementation = "auto",
-        block_size: int | None = None,
+        block_size: BlockSize = None,
         key: PRNGKeyArray,
     ):
         token_dim, max_len = positive_int("token_dim", token_dim), positive_int("max_len", max_len)
@@ -230,7 +252,7 @@ class CausalTransformer(eqx.Module):
             raise ValueError(f"num_heads={num_heads} must divide dim={dim}")
         hidden = 4 * dim if hidden is None else positive_int("hidden", hidden)
         self.implementation = _check_path(implementation)
-        self.block_size = None if block_size is None else positive_int("block_size", block_size)
+        self.block_size = check_block_size(block_size)
         keys = jr.split(key, depth + 3)
         self.embed = eqx.nn.Linear(token_dim, dim, key=keys[0])
         self.positions = 0.02 * jr.normal(keys[1], (max_len, dim))
@@ -252,7 +274,7 @@ class CausalTransformer(eqx.Module):
         return jax.tree.leaves(self.blocks)[0].shape[0]
 
     def with_implementation(
-        self, implementation: Implementation, block_size: int | None = None
+        self, implementation: Implementation, block_size: BlockSize = None
     ) -> "CausalTransformer":
         """The same model (the same weights) with its attention on another path."""
         return _with_path(self, implementation, block_size)
@@ -359,7 +381,7 @@ class EnergyBasedTransformer(AbstractEnergy):
         step_size: float = 1.0,
         init_scale: float = 1.0,
         implementation: Implementation = "auto",
-        block_size: int | None = None,
+        block_size: BlockSize = None,
         key: PRNGKeyArray,
     ):
         tkey, ckey = jr.split(key)
@@ -384,7 +406,7 @@ class EnergyBasedTransformer(AbstractEnergy):
         )
 
     def with_implementation(
-        self, implementation: Implementation, block_size: int | None = None
+        self, implementation: Implementation, block_size: BlockSize = None
     ) -> "EnergyBasedTransformer":
         """The same model (the same weights) with its attention on another path."""
         return _with_path(self, implementation, block_size)

@@ -130,8 +130,9 @@ class EnergyTransformer(eqx.Module):
       `memory_beta` is the softmax form's inverse temperature.
     - `step_size`: $\alpha$ (default 0.1; fixed); `num_steps`: $T$ (default 12).
     - `eps`, `use_bias`: of the [`EnergyLayerNorm`][energyattn.nn.EnergyLayerNorm].
-    - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"`
-      (blockwise above $2^{17}$ score entries, heads x seq x seq: Pallas kernels on a GPU),
+    - `implementation`: how the attention energy's log-sum-exp is computed: `"auto"` (the
+      Pallas kernels on a GPU or TPU; on a CPU blockwise above $2^{17}$ score entries,
+      heads x seq x seq),
       `"naive"`, `"blockwise"`, `"pallas"` (the kernels everywhere) or `"cudnn"` (only with
       `include_self=True` and no mask, on a GPU in half precision); see
       [`select_implementation`][energyattn.select_implementation].

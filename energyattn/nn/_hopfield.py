@@ -9,7 +9,14 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import default_dtype, error_if_nonfinite, positive_int, python_float
-from .._energy import HopfieldEnergy, Implementation, check_implementation, select_implementation
+from .._energy import (
+    BlockSize,
+    HopfieldEnergy,
+    Implementation,
+    check_block_size,
+    check_implementation,
+    select_implementation,
+)
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Solution, descend
 from ._common import (
@@ -48,13 +55,13 @@ class HopfieldAttention(eqx.Module):
       [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `step_size`: descent step $\alpha > 0$ (default 1; fixed).
     - `num_steps`: number of descent steps (default 1).
-    - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default;
-      blockwise above $2^{17}$ score entries, heads x seq x mem: Pallas kernels on a GPU or
-      TPU), `"naive"`, `"blockwise"`, `"pallas"` or `"cudnn"`; see
+    - `implementation`: how the energy's log-sum-exp is computed: `"auto"` (default; the
+      Pallas kernels on a GPU or TPU; on a CPU blockwise above $2^{17}$ score entries,
+      heads x seq x mem), `"naive"`, `"blockwise"`, `"pallas"` or `"cudnn"`; see
       [`select_implementation`][energyattn.select_implementation].
-    - `block_size`: keys per block of the blockwise passes (default: 256 in the forward,
-      128 beyond 4096 queries, and half that in the derivatives' passes; see
-      [`attention_logsumexp`][energyattn.attention_logsumexp]).
+    - `block_size`: the tiling of the blockwise passes, a
+      [`BlockSizes`][energyattn.BlockSizes] or keys per block (default: each platform's;
+      see [`attention_logsumexp`][energyattn.attention_logsumexp]).
 
     ??? cite "Source"
 
@@ -75,7 +82,7 @@ class HopfieldAttention(eqx.Module):
     head_dim: int = eqx.field(static=True)
     bare: bool = eqx.field(static=True)
     implementation: str = eqx.field(static=True)
-    block_size: int | None = eqx.field(static=True)
+    block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
         self,
@@ -90,7 +97,7 @@ class HopfieldAttention(eqx.Module):
         num_steps: int = 1,
         bare: bool = False,
         implementation: Implementation = "auto",
-        block_size: int | None = None,
+        block_size: BlockSize = None,
         dtype: Any = None,
         key: PRNGKeyArray,
     ):
@@ -103,7 +110,7 @@ class HopfieldAttention(eqx.Module):
         self.step_size = python_float("step_size", step_size)
         self.num_steps = positive_int("num_steps", num_steps, minimum=0)
         self.implementation = check_implementation(implementation)
-        self.block_size = None if block_size is None else positive_int("block_size", block_size)
+        self.block_size = check_block_size(block_size)
         if bare:
             self.query_proj = self.key_proj = self.output_proj = None
         else:

@@ -11,8 +11,11 @@ from ._logsumexp import (
 from ._naive import masked_logsumexp as masked_logsumexp
 from ._policy import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
+    BlockSize as BlockSize,
+    BlockSizes as BlockSizes,
     Implementation as Implementation,
+    as_block_sizes as as_block_sizes,
+    check_block_size as check_block_size,
     check_implementation as check_implementation,
-    resolve_block_size as resolve_block_size,
     select_implementation as select_implementation,
 )

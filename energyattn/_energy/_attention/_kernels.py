@@ -26,7 +26,6 @@ output 0). The head size and every array's width are padded to a power of two, a
 of `beta` (float32 for half precision).
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -46,30 +45,8 @@ from ._blocks import (
     scaled_queries,
     term_weights,
 )
+from ._policy import BlockSizes
 
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """The kernels' tiling: `block_q` queries and `block_k` keys per block (powers of two,
-    at least 16; shorter sequences take one block of their own length rounded up, and on
-    a TPU at least 128 keys), and Triton's `num_warps` (`None`: 4 up to head size 64, else
-    8) and `num_stages` (GPU only)."""
-
-    block_q: int = 64
-    block_k: int = 64
-    num_warps: int | None = None
-    num_stages: int = 2
-
-    def __post_init__(self):
-        for name in ("block_q", "block_k"):
-            size = getattr(self, name)
-            if not isinstance(size, int) or size < 16 or size & (size - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {size!r}")
-
-
-#: The tiling per platform: GPUs take 64 x 64 blocks, which keep a weighted pass's several
-#: (64, 64) weights in registers at head size 128; TPUs 128 x 128 (the matrix unit's size).
-DEFAULT_BLOCK_SIZES = {"gpu": BlockSizes(64, 64), "tpu": BlockSizes(128, 128)}
 #: The smallest block (and array width) per platform: Triton's products want 16; a TPU's
 #: vector registers are 8 x 128 (rows x lanes).
 _MINIMUM = {"gpu": (16, 16), "tpu": (8, 128)}
@@ -115,14 +92,15 @@ class _Tiles:
     """The padded sizes of one pass on `platform`: `bq` queries and `bk` keys per block,
     `seq_p` and `mem_p` the lengths padded to them, `width(n)` an array's padded width."""
 
-    def __init__(self, seq, mem, blocks, platform):
+    def __init__(self, seq, mem, block_q, block_k, platform):
         self.platform = platform
         self.seq, self.mem = seq, mem
         low_rows, low_lanes = _MINIMUM[platform]
         self.lanes = low_lanes
-        self.bq = min(blocks.block_q, _pow2(seq, max(16, low_rows)))
-        # A TPU's scores block has the keys along its lanes.
-        self.bk = max(min(blocks.block_k, _pow2(mem)), low_lanes)
+        # Sizes rounded up to powers of two (at least 16), no longer than the sequence
+        # rounded up; a TPU's scores block has the keys along its lanes.
+        self.bq = min(_pow2(block_q), _pow2(seq, max(16, low_rows)))
+        self.bk = max(min(_pow2(block_k), _pow2(mem)), low_lanes)
         self.seq_p = pl.cdiv(seq, self.bq) * self.bq
         self.mem_p = pl.cdiv(mem, self.bk) * self.bk
         # The true lengths where padded (`_blocks.block_allowed` masks beyond them).
@@ -145,7 +123,8 @@ def _call(
 ):
     if tiles.platform == "gpu":
         warps = blocks.num_warps if blocks.num_warps is not None else (4 if head <= 64 else 8)
-        params = plgpu.CompilerParams(num_warps=warps, num_stages=blocks.num_stages)
+        stages = 2 if blocks.num_stages is None else blocks.num_stages
+        params = plgpu.CompilerParams(num_warps=warps, num_stages=stages)
     else:
         params = pltpu.CompilerParams()
     return pl.pallas_call(
@@ -269,7 +248,7 @@ def forward(
     `arrays`, as `terms` takes them) their sums too, from the same pass."""
     (seq, dim), mem = q.shape, k.shape[0]
     acc = beta.dtype
-    tiles = _Tiles(seq, mem, blocks, platform)
+    tiles = _Tiles(seq, mem, blocks.block_q, blocks.block_k, platform)
     bq, dp = tiles.bq, tiles.width(dim)
     mine, whole = (lambda i: (i, 0)), (lambda i: (0, 0))
     inputs = [_pad(q, tiles.seq_p, dp), _pad(k, tiles.mem_p, dp), beta.reshape(1, 1)]
@@ -397,7 +376,7 @@ def terms(
     maps an index to a per-query or per-key array; `KEYS` and `SCALED_QUERIES` are added."""
     (seq, dim), mem = q.shape, k.shape[0]
     acc = beta.dtype
-    tiles = _Tiles(seq, mem, blocks, platform)
+    tiles = _Tiles(seq, mem, blocks.block_q, blocks.block_k_terms, platform)
     arrays = key_arrays(q, k.astype(acc), beta, arrays)
     widths = {i: tiles.width(a.shape[1]) for i, a in arrays.items()}
     dp = tiles.width(dim)

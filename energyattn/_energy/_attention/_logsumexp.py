@@ -1,5 +1,6 @@
 """The attention log-sum-exp every softmax energy is made of: the entry points."""
 
+import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -12,18 +13,20 @@ from ._blocks import Structure
 from ._derivatives import attention_forward
 from ._naive import naive_lse
 from ._passes import Config
-from ._policy import Implementation, block_sizes, resolve_block_size, select_implementation
+from ._policy import BlockSizes, Implementation, as_block_sizes, select_implementation
 from ._ring import RingAxis
 
 
-def _config(method, structure, blocks, queries, keys, ring=None):
-    # Blocks no longer than the keys of one pass (less padding, same result). Accelerators
-    # want the heads batched (more parallel work per kernel); a CPU core wants one head's
-    # blocks in its cache at a time, once they are large (`_passes._in_turn`: only where the
-    # program is lowered for a CPU).
-    forward, passes = (min(size, keys) for size in blocks)
+def _config(method, structure, blocks: BlockSizes, seq, queries, keys, ring=None):
+    # The XLA loop's blocks are set by all `seq` queries (on the ring too: the same blocks as
+    # one device), and are no longer than the keys of one pass (less padding, same result).
+    # Accelerators want the heads batched (more parallel work per kernel); a CPU core wants
+    # one head's blocks in its cache at a time, once they are large (`_passes._in_turn`:
+    # only where the program is lowered for a CPU).
+    loop = blocks.on("cpu", seq)
+    forward, passes = min(loop.block_k, keys), min(loop.block_k_terms, keys)
     heads_in_turn = queries * forward >= _policy.HEADS_IN_TURN_ENTRIES
-    return Config(method, structure, forward, passes, ring, heads_in_turn)
+    return Config(method, structure, forward, passes, ring, heads_in_turn, blocks)
 
 
 def lse_rows(
@@ -33,14 +36,14 @@ def lse_rows(
     mask: Bool[Array, "seq mem"] | None,
     exclude_self: bool,
     method: str,
-    block_size: int | None,
+    block_size: BlockSizes,
     ring: tuple[Mesh | AbstractMesh, str | tuple[str, ...]] | None = None,
     *,
     causal: bool = False,
 ) -> Float[Array, " seq"]:
     """The log-sum-exp rows for an already resolved `method` (no checks; used under `vmap`
     over heads by the energies). `beta` must already be in the accumulation dtype;
-    `block_size=None` picks the blocks by the number of queries (`block_sizes`);
+    `block_size` is the tiling (`BlockSizes`, its defaults set per platform);
     `exclude_self` and `causal` are the structural masks (`attention_logsumexp`), never
     held as a `(seq, mem)` matrix on the blockwise and ring paths.
 
@@ -52,14 +55,27 @@ def lse_rows(
         # rule of a fully masked row), not log(0) = -inf.
         return jnp.zeros((q.shape[0],), beta.dtype)
     ring = sequence_axis(q, k) if ring is None else ring
-    # The default is set by all the queries, on the ring too: the same blocks as one device.
-    blocks = block_sizes(q.shape[0], block_size)
     if ring is not None:
-        return ring_lse(q, k, beta, mask, exclude_self, blocks, *ring, causal=causal)
+        return ring_lse(q, k, beta, mask, exclude_self, block_size, *ring, causal=causal)
     structure = Structure(bool(exclude_self), bool(causal))
     if method == "naive":
         return naive_lse(q, k, beta, mask, structure)
-    config = _config(method, structure, blocks, q.shape[0], k.shape[0])
+    seq, mem = q.shape[0], k.shape[0]
+    if method == "small":
+        config = _config("blockwise", structure, block_size, seq, seq, mem)
+
+        # The naive program where the program is lowered for a CPU, the kernels (`"blockwise"`
+        # there) on GPUs and TPUs; float64 is naive everywhere (the kernels' XLA fallback
+        # would be the loop).
+        def naive():
+            return naive_lse(q, k, beta, mask, structure)
+
+        if jnp.dtype(beta.dtype).itemsize > 4:
+            return naive()
+        return jax.lax.platform_dependent(
+            cpu=naive, default=lambda: attention_forward(q, k, beta, mask, config)[0]
+        )
+    config = _config(method, structure, block_size, seq, seq, mem)
     return attention_forward(q, k, beta, mask, config)[0]
 
 
@@ -69,7 +85,7 @@ def ring_lse(
     beta: Float[Array, ""],
     mask: Bool[Array, "seq mem"] | None,
     exclude_self: bool,
-    blocks: tuple[int, int],
+    blocks: BlockSizes,
     mesh: Mesh | AbstractMesh,
     axis: str | tuple[str, ...],
     *,
@@ -91,7 +107,8 @@ def ring_lse(
     size = axis_size(mesh, axis)
     ring = RingAxis(mesh, axis, size)
     structure = Structure(bool(exclude_self), bool(causal))
-    config = _config("blockwise", structure, blocks, q.shape[0] // size, k.shape[0] // size, ring)
+    seq, mem = q.shape[0], k.shape[0]
+    config = _config("blockwise", structure, blocks, seq, seq // size, mem // size, ring)
     return attention_forward(q, k, beta, mask, config)[0]
 
 
@@ -104,7 +121,7 @@ def attention_logsumexp(
     exclude_self: bool = False,
     causal: bool = False,
     implementation: Implementation = "auto",
-    block_size: int | None = None,
+    block_size: int | BlockSizes | None = None,
 ) -> Float[Array, " seq"]:
     r"""Row-wise attention log-sum-exp, the building block of the softmax energies.
 
@@ -145,13 +162,14 @@ def attention_logsumexp(
       position (needs `seq == mem`; with `exclude_self`, only to earlier keys). Like
       `exclude_self` it is never built as a `(seq, seq)` mask on the blockwise path or the
       ring: each block computes it from its positions, and any `mask` is applied on top.
-    - `implementation`: `"auto"` (default), `"naive"`, `"blockwise"` or `"cudnn"`; see
-      [`select_implementation`][energyattn.select_implementation].
-      `"auto"` uses cuDNN's fused attention on NVIDIA GPUs (float16/bfloat16, no mask), the
-      blockwise path above `BLOCKWISE_THRESHOLD` = $2^{17}$ score entries, naive below.
-    - `block_size`: keys per block of every blockwise pass. By default the forward takes
-      256 (128 beyond 4096 queries) and the passes of the derivatives, which recompute the
-      probabilities, half that.
+    - `implementation`: `"auto"` (default), `"naive"`, `"small"`, `"blockwise"`, `"pallas"`
+      or `"cudnn"`; see [`select_implementation`][energyattn.select_implementation].
+      `"auto"` takes the Pallas kernels on GPUs and TPUs; on a CPU the blockwise loop above
+      `BLOCKWISE_THRESHOLD` = $2^{17}$ score entries, the naive program below.
+    - `block_size`: the tiling, a [`BlockSizes`][energyattn.BlockSizes] (each platform's
+      defaults for the fields left `None`) or an integer: keys per block of every pass. By
+      default the CPU's loop takes 256 keys per block in the forward (128 beyond 4096
+      queries) and half that in the derivatives' passes, which recompute the probabilities.
 
     **Returns:**
 
@@ -188,6 +206,6 @@ def attention_logsumexp(
         mask,
         bool(exclude_self),
         method,
-        resolve_block_size(block_size),
+        as_block_sizes(block_size),
         causal=bool(causal),
     )

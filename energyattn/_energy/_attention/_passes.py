@@ -30,15 +30,16 @@ from ._blocks import (
     terms_chunk,
     terms_init,
 )
+from ._policy import BlockSizes
 from ._ring import RingAxis, ring_forward, ring_terms
 
 
 class Config(NamedTuple):
     """The static configuration of one log-sum-exp: `method` (`"blockwise"`, `"pallas"` or
     `"cudnn"`), the structural masks (`Structure`: the excluded diagonal, the causal
-    triangle), keys per block of the forward pass and of the derivatives' passes (the XLA
-    loop's; the kernels tile by their platform's `_kernels.DEFAULT_BLOCK_SIZES`), the ring
-    (or `None`), and whether a vmap over heads runs head by head on a CPU."""
+    triangle), keys per block of the XLA loop's forward pass and of its derivatives' passes,
+    the ring (or `None`), whether a vmap over heads runs head by head on a CPU, and the
+    tiling asked for (`BlockSizes`; the kernels fill it with their platform's defaults)."""
 
     method: str
     structure: Structure
@@ -46,6 +47,7 @@ class Config(NamedTuple):
     pass_block_size: int
     ring: RingAxis | None
     heads_in_turn: bool
+    blocks: BlockSizes = BlockSizes()
 
 
 def _in_turn(fn, *args):
@@ -130,11 +132,12 @@ def _on_platform(config, one_device, kernel, *args):
     def xla(*args):
         return _in_turn(one_device, *args) if config.heads_in_turn else one_device(*args)
 
+    q, beta = args[0], args[2]
+
     def on(platform, interpret=False):
-        blocks = _kernels.DEFAULT_BLOCK_SIZES[platform]
+        blocks = config.blocks.on(platform, q.shape[0])
         return functools.partial(kernel, blocks=blocks, platform=platform, interpret=interpret)
 
-    beta = args[2]
     narrow = jnp.dtype(beta.dtype).itemsize <= 4
     gpu = on("gpu") if narrow else xla
     tpu = on("tpu") if narrow else xla
