@@ -17,7 +17,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The last commit before the solver engine (issue 17): fixed_point's own loop and custom_vjp,
+#: The last commit before the solver engine: fixed_point's own loop and custom_vjp,
 #: the AFEM saddle point's own safeguarded Newton and custom_jvp.
 BEFORE_ENGINE = "87ff9c9"
 

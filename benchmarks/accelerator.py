@@ -24,7 +24,7 @@ Pallas benchmarks count, whatever pass is timed (so the rate of a JVP is that of
 attention it differentiates); peak memory is XLA's temporary-buffer accounting of each
 compiled program. Times are medians of interleaved repeats after an untimed call.
 
-Targets (issue 52, on an H100): bfloat16 `energy_output` >= 0.8 x `dpa_cudnn` at head dim
+Targets (on an H100): bfloat16 `energy_output` >= 0.8 x `dpa_cudnn` at head dim
 128 and seq >= 4k; `energy_jvp` <= 2 x `energy_output`; `et_train` and `ebt_train` <= 1.3 x
 `dpa_cudnn_train`; memory O(seq) in every mode.
 

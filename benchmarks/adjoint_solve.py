@@ -6,7 +6,7 @@ Jacobian ($n$ Jacobian-vector products, then LU / Cholesky) cost as much as a Kr
 (`DENSE_ADJOINT_LIMIT`, `DENSE_ADJOINT_LIMIT_SYMMETRIC` in `energyattn/_solver/_linear.py`).
 Each row: the gradient of a sum of squares of the layer's output with respect to its input,
 jitted and vmapped over a batch of 32, the two linear solvers timed interleaved in one run;
-float32; XLA's YNN fusions off (see the README).
+float32; XLA's YNN fusions off (see the known issues in the docs).
 
 - `smt`: `ea.nn.SpinTransformerAttention(24, 4)` (head dimension 6), n = tokens x 6 per head;
 - `mean_field`: `ea.nn.MeanFieldAttention(tokens, 4)` (deep implicit attention, neural

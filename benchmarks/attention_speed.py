@@ -17,8 +17,7 @@ Roofline, measured in the same process before and after the table: the fastest o
 `sgemm` (NumPy's float32 `matmul`) and XLA's `jnp.dot` with its YNN (XNNPACK) fusions off and
 at its default, each on two 2048 x 2048 float32 matrices (2 * 2048^3 flops). The core's
 physical float32 peak is measured in the same run by an FMA loop compiled for this CPU
-(`_common.fma_peak_gflops`: 116.8 GFLOP/s on the Zen 4 core of the earlier tables, two
-256-bit FMA pipes at 3.65 GHz; 267 on the Zen 5 core of 2026-11-28, two 512-bit pipes;
+(`_common.fma_peak_gflops`; `benchmarks/README.md` gives the peaks of the cores measured;
 `--peak-gflops` gives it where no C compiler is found) and printed next to it. The run checks
 that it is pinned to one core (`taskset`) and stops if any measured rate is above the peak
 of the cores it may use. Every row gives the

@@ -11,7 +11,7 @@ excluded), read after compiling. Times are medians of interleaved repeats of the
 programs. One head, head_dim 64, float32, beta = 1/8, keys = queries' length.
 
 Targets: per-device temporary memory at seq 64k on 8 devices <= 1.2 / 8 of the one-device
-blockwise path (issue 21), in every mode <= 0.15 (issue 32).
+blockwise path for the energy and its gradient, in every mode <= 0.15.
 
 On a CPU the script gives itself 8 virtual devices (`--xla_force_host_platform_device_count`),
 which share the cores: their memory is what one device of a real 8-device machine would

@@ -13,7 +13,7 @@ interleaved in the same process: with this checkout (`after`) and with the packa
 solver engine (`before`, commit 87ff9c9, extracted by `_baseline.py`); `ratio_to_before`
 compares the two. `rho` is the spectral radius of the map's Jacobian at the fixed point of the
 first input; `|dz|` the largest difference between Anderson's and Picard's answers where both
-converged. Targets (issue 17): Anderson <= 0.75x Picard on the symmetric x2 case, <= 1.1x on
+converged. Targets: Anderson <= 0.75x Picard on the symmetric x2 case, <= 1.1x on
 the random x1 case.
 
 Question 2 (backward): how do time and peak memory of a gradient through `ea.fixed_point`

@@ -1,7 +1,7 @@
 """Deep-equilibrium attention at scale: implicit vs unrolled gradients of a fixed point of
 attention, memory against iterations and sequence length.
 
-Question (issue 32): the fixed point $z^* = x + \\tfrac12\\,\\mathrm{attention}(z^*, M)$ of an
+Question: the fixed point $z^* = x + \\tfrac12\\,\\mathrm{attention}(z^*, M)$ of an
 attention map (the gradient step of `ea.hopfield_energy`, so blockwise above 2^17 score
 entries) differentiated implicitly (`ea.fixed_point` with `ea.ImplicitAdjoint`: the adjoint
 linearises the map through the attention's forward-mode rule and solves with GMRES on its

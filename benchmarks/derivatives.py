@@ -1,6 +1,6 @@
 """Forward mode and second derivatives of the blockwise attention energy: time and memory.
 
-Question (issue 32): the attention log-sum-exp's blockwise path became a forward-mode rule
+Question: the attention log-sum-exp's blockwise path became a forward-mode rule
 (`jax.custom_jvp`-style primitives) whose transpose gives reverse mode, instead of
 `custom_vjp`s. What do value + gradient, the JVP, the Hessian-vector products (forward over
 reverse, reverse over reverse) and a training step through the attention step cost now,
@@ -19,7 +19,7 @@ against the package before the change (`before`, commit 32fcd46, extracted by
   score matrix.
 
 Targets: value + gradient <= 1.05 x before; no training-step roofline fraction more than 5
-points below before; JVP <= 2 x the value (see the README for why the value alone cannot be
+points below before; JVP <= 2 x the value (see `benchmarks/README.md` for why the value alone cannot be
 the unit); forward-over-reverse HVP <= 3 x value + gradient; at seq 8192 value + gradient, JVP
 and both HVPs each <= 5% of naive autodiff's temporary memory.
 

@@ -1,7 +1,7 @@
 """Training an energy-based transformer through its thinking: temporary memory, blockwise vs
 naive autodiff, and on the ring.
 
-Question (issue 35): a training step of `ea.models.train_ebt` differentiates through the
+Question: a training step of `ea.models.train_ebt` differentiates through the
 descent on the candidates, so it takes second derivatives of every attention layer (third of
 the log-sum-exp, whose gradient is the attention output). Does it keep O(seq) memory on the
 blockwise path, against plain autodiff of the `(seq, seq)` scores (`implementation="naive"`),

@@ -7,7 +7,7 @@ Anderson (the default, history 5) and Picard take to the steady state, and what 
 (3) With `--per-step`: the forward's cost split into a fixed part and a cost per solver step,
 from forwards that run exactly 1, 3, 5 and 9 steps (tolerances 0, `throw=False`) fitted by a
 line, for each solver. Inputs randn; float32; the layer's default tolerances (rtol 1e-5,
-atol 1e-6); XLA's YNN fusions off (see the README).
+atol 1e-6); XLA's YNN fusions off (see the known issues in the docs).
 
     python benchmarks/smt.py [--quick] [--per-step]
 """
@@ -28,7 +28,7 @@ import energyattn as ea  # noqa: E402
 from energyattn._cli.common import avoid_xla_cpu_ynn_fusions as _avoid_xla_cpu_ynn_fusions  # noqa: E402
 
 # Before JAX starts its CPU backend: XLA's YNN fusions miscompile this layer on CPU (NaN
-# steady states at 65 tokens; see the README), so both contenders run without them.
+# steady states at 65 tokens; see the known issues in the docs), so both contenders run without them.
 _avoid_xla_cpu_ynn_fusions()
 
 BATCH = 32

@@ -13,11 +13,11 @@ in the same run? Cases, each at N spins, D = 128, beta = 1, couplings at the see
 each from the default (cold) start and warm-started from the t* of a nearby input
 (H + 0.01 * noise, as in consecutive training steps). Each case runs twice in the same
 process, interleaved: with this checkout (`after`) and with the package as it was before the
-solver engine (`before`, commit 87ff9c9, extracted from git by `_baseline.py`). Target
-(issue 17): at N = 1024 in float64, log Z value+grad <= 15x a Cholesky warm. The unit is
+solver engine (`before`, commit 87ff9c9, extracted from git by `_baseline.py`). Target:
+at N = 1024 in float64, log Z value+grad <= 15x a Cholesky warm. The unit is
 timed twice: XLA's `jnp.linalg.cholesky` compiled in the same program set, and LAPACK's
 `potrf` called from SciPy on the same matrix (before and after the cases, median of both);
-the ratios are given against each (issue 34: XLA's in-process Cholesky ran 30-60% slower than
+the ratios are given against each (XLA's in-process Cholesky ran 30-60% slower than
 LAPACK's next to the saddle-point programs, so only the LAPACK unit is a fixed yardstick).
 
 `--count` also prints the large linear algebra each program compiles to (`_flops.py`: from

@@ -487,7 +487,7 @@ def test_cli_attractor_end_to_end(tmp_path, capsys):
 
 
 def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
-    # The controls of issue 18: the same attractor network before training and a baseline
+    # The controls: the same attractor network before training and a baseline
     # without a model, per task, in the same run and the same metrics.json.
     from energyattn._cli.attractor import TRAINED, TRIVIAL, UNTRAINED, run_attractor_demo
 

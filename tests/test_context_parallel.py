@@ -48,7 +48,7 @@ def inputs(dtype):
 
 
 def test_jit_grad_of_hopfield_energy_on_sequence_split_inputs():
-    # The user's call from issue 21: inputs split along the sequence over an Explicit mesh
+    # A user's call: inputs split along the sequence over an Explicit mesh
     # axis used to fail in the blockwise path's lax.scan ("0th dimension of all xs should be
     # replicated"); the log-sum-exp now sees the split in the keys' type and runs the ring.
     q, k, *_ = inputs(jnp.float64)
@@ -169,7 +169,7 @@ def test_context_parallel_errors():
 
 
 def test_parallel_entry_points_compose_with_any_mesh_and_transformation():
-    # Each call here failed as a new user wrote it (issue 32): a plain `jax.make_mesh` mesh
+    # Each call here once failed as a new user wrote it: a plain `jax.make_mesh` mesh
     # (Explicit axes by default), jit and grad of context_parallel, indexing its output, and
     # meshes whose axis is not called "batch".
     q, k, vq, _, mask = inputs(jnp.float64)

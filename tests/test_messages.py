@@ -1,4 +1,4 @@
-"""Error messages and edge values that name the real cause (issue 18)."""
+"""Error messages and edge values that name the real cause."""
 
 import re
 

@@ -104,7 +104,7 @@ def test_minima_only_where_there_is_one_and_unbounded_energies_say_so(solutions)
 
 
 def test_the_audits_false_successes(user_mode):
-    # Each of these was reported "successful" at a point that is not a solution (issue 33).
+    # Each of these was once reported "successful" at a point that is not a solution.
     solve = eqx.filter_jit(ea.root_find)
     sol = solve(lambda y, a: y**2 + 1, jnp.zeros(2), throw=False)
     assert sol.result == ea.RESULTS.no_root
@@ -194,7 +194,7 @@ def test_has_aux_on_every_entry_point(user_mode):
 
 
 # --------------------------------------------------------------------------------------------
-# Minima are minima (issue 51's audit): every minimiser on problems where a first-order
+# Minima are minima: every minimiser on problems where a first-order
 # stopping test is fooled, in one compiled program, under vmap, with `throw` both ways.
 
 

@@ -1,4 +1,4 @@
-"""MkDocs hook: typeset the site's TeX as MathML when it is built (issue 33).
+"""MkDocs hook: typeset the site's TeX as MathML when it is built.
 
 `pymdownx.arithmatex` (generic mode) leaves every equation of the pages and of the docstrings
 that mkdocstrings renders as `<span class="arithmatex">\\(...\\)</span>` or

@@ -62,7 +62,7 @@ class SpinTransformerAttention(eqx.Module):
         XLA's XNNPACK (YNN) fusions can miscompile programs built on this layer (NaN steady
         states, wrong losses, depending on the compilation; jaxlib 0.10.2 and 0.12). Run with
         `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` set before JAX starts, as the
-        `energyattn` commands and tests do (see the README).
+        `energyattn` commands and tests do (see the known issues in the docs).
 
     ??? cite "Source"
 
