@@ -308,7 +308,12 @@ def solve_problem(
     if inputs:
         bad = ~jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in inputs]))
         blamed = (solution.result == RESULTS.nonfinite) & bad
-        result = RESULTS.where(blamed, RESULTS.nonfinite_input, solution.result)
+        # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+        result = RESULTS.where(
+            blamed,
+            RESULTS.nonfinite_input,  # type: ignore[arg-type]
+            solution.result,
+        )
         solution = eqx.tree_at(lambda s: s.result, solution, result)
     if check is not None:
         solution = check(solution)

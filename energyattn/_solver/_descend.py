@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jax.flatten_util import ravel_pytree
+from jax.tree_util import PyTreeDef
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
 from .._checks import (
@@ -59,7 +60,7 @@ def trajectory_flag(return_trajectory: bool, save_trajectory: bool | None, name:
 
 
 def descend(
-    energy: Callable[[State, Any], Scalar],
+    energy: Callable[..., Scalar],
     x0: State,
     args: Any = None,
     *,
@@ -158,7 +159,9 @@ def descend(
 
     g0_shape = jax.eval_shape(to_g, x0)
     x0_shape = jax.eval_shape(lambda x: x, x0)
-    if jax.tree.structure(g0_shape) != jax.tree.structure(x0_shape) or any(
+    # Annotated: jaxlib has no stubs, so mypy cannot compare the treedefs it returns.
+    g0_structure: PyTreeDef = jax.tree.structure(g0_shape)
+    if g0_structure != jax.tree.structure(x0_shape) or any(
         a.shape != b.shape
         for a, b in zip(jax.tree.leaves(g0_shape), jax.tree.leaves(x0_shape), strict=True)
     ):
@@ -213,9 +216,11 @@ def descend(
             "before any step: x0 lies outside the energy's domain, or arrays the energy "
             "closes over contain NaN or inf (not a step-size problem)",
         )
+    # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+    result = RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite)  # type: ignore[arg-type]
     return Solution(
         value=x_final,
-        result=RESULTS.where(finite, RESULTS.successful, RESULTS.nonfinite),
+        result=result,
         num_steps=jnp.full((), num_steps, jnp.int32),
         residual=size,
         energies=energies,
@@ -236,10 +241,12 @@ def _normal_like(key: PRNGKeyArray, x: State) -> State:
 
 def _step_sizes(step_size: Any, x0: State) -> State:
     """One positive step size per leaf of `x0`, from a scalar or a pytree like `x0`."""
-    if jax.tree.structure(step_size) == jax.tree.structure(0.0):
+    # Annotated: jaxlib has no stubs, so mypy cannot compare the treedefs it returns.
+    structure: PyTreeDef = jax.tree.structure(step_size)
+    if structure == jax.tree.structure(0.0):
         step_size = check_positive("step_size", step_size)
         return jax.tree.map(lambda _: step_size, x0)
-    if jax.tree.structure(step_size) != jax.tree.structure(x0):
+    if structure != jax.tree.structure(x0):
         raise ValueError(
             "step_size must be a scalar or a pytree with the structure of x0 (one step size "
             f"per leaf), got {jax.tree.structure(step_size)} for x0 of "

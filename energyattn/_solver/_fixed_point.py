@@ -133,7 +133,7 @@ class _History(NamedTuple):
     zs: Float[Array, "m n"]  # past iterates, newest first
     gs: Float[Array, "m n"]  # their residuals f(z) - z
     gram: Float[Array, "m m"]  # gs @ gs.T, kept up to date one row at a time
-    count: Int[Array, ""]
+    pushed: Int[Array, ""]  # residuals pushed so far (`count` would shadow tuple.count)
 
 
 def _spd_solve_small(matrix: Float[Array, "m m"], rhs: Float[Array, " m"]) -> Float[Array, " m"]:
@@ -216,9 +216,9 @@ class Anderson(AbstractFixedPointSolver):
         # first (under vmap each example's rows are a strided block), one more pass per step.
         # The history then shifts by static slices (a scatter at a traced slot is slow under
         # vmap).
-        count = memory.count + 1
+        pushed = memory.pushed + 1
         index = jnp.arange(m)
-        valid = index < count
+        valid = index < pushed
         # The new residual's inner products are the new first row and column of the Gram
         # matrix; the rest is the old one, shifted.
         inner = jnp.where(valid, jnp.concatenate([jnp.dot(g, g)[None], (memory.gs @ g)[:-1]]), 0)
@@ -240,7 +240,7 @@ class Anderson(AbstractFixedPointSolver):
         z_next = alpha[0] * (z + self.mixing * g) + mixed_old
         zs = jnp.concatenate([z[None], memory.zs[:-1]])
         gs = jnp.concatenate([g[None], memory.gs[:-1]])
-        return z_next, _History(zs, gs, gram, count)
+        return z_next, _History(zs, gs, gram, pushed)
 
 
 @compiled_when_eager

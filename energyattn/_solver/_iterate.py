@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
+from jax.tree_util import PyTreeDef
 from jaxtyping import Array, Bool, Float, PyTree
 
 from .._checks import shape_str
@@ -56,7 +57,8 @@ def no_grad(tree: Any) -> Any:
 
 def ok_result() -> RESULTS:
     """`RESULTS.successful` as a traced code (so it can sit in a loop carry)."""
-    return RESULTS.where(True, RESULTS.successful, RESULTS.successful)
+    # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+    return RESULTS.where(True, RESULTS.successful, RESULTS.successful)  # type: ignore[arg-type]
 
 
 def bounded_while(
@@ -231,7 +233,7 @@ class AbstractIterativeSolver(eqx.Module):
     certifies: ClassVar[bool] = False
 
     def certify(
-        self, problem: AbstractProblem, args: Any, state: PyTree, unrolled: bool
+        self, problem: MinimiseProblem, args: Any, state: PyTree, unrolled: bool
     ) -> tuple[PyTree, Bool[Array, ""], RESULTS]:
         """`(state, minimum, verdict)`: whether the converged `state` is at a minimum; if
         not, a state that walks on from it and a code naming what the point is."""
@@ -289,7 +291,8 @@ def iterate(
         y, state, k, result, _ = run(y0, state, jnp.zeros((), jnp.int32))
     if not isinstance(problem, MinimiseProblem):
         exhausted = (result == RESULTS.max_steps_reached) & solver.exhausted(problem, args, state)
-        result = RESULTS.where(exhausted, RESULTS.no_root, result)
+        # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+        result = RESULTS.where(exhausted, RESULTS.no_root, result)  # type: ignore[arg-type]
     value, residual, stats, extras = solver.postprocess(problem, y, args, state, result)
     solution = Solution(value=value, result=result, num_steps=k, residual=residual, stats=stats)
     return solution, extras
@@ -369,7 +372,9 @@ def flatten_problem(
                 f"{jax.tree.map(lambda s: s.shape, want)})"
             )
     else:
-        same = jax.tree.structure(out) == jax.tree.structure(want) and all(
+        # Annotated: jaxlib has no stubs, so mypy cannot compare the treedefs it returns.
+        structure: PyTreeDef = jax.tree.structure(out)
+        same = structure == jax.tree.structure(want) and all(
             a.shape == b.shape
             for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True)
         )

@@ -246,7 +246,7 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         return _residual_reached(state.point, state.start_value, rtol, atol)
 
     def certify(
-        self, problem: AbstractProblem, args: Any, state: LineSearchState, unrolled: bool
+        self, problem: MinimiseProblem, args: Any, state: LineSearchState, unrolled: bool
     ) -> tuple[LineSearchState, Bool[Array, ""], RESULTS]:
         r"""Whether the point where a minimisation converged is a minimum, and if not, the
         state that walks on from it: `(state, minimum, verdict)`, `verdict` naming what the
@@ -331,7 +331,8 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
             jnp.where(descent, newton_slope, -jnp.dot(grad, grad) / jnp.maximum(largest, eps)),
         )
         direction, slope = tree_where(negative, along_v, tree_where(falls, along_u, newton))
-        where = RESULTS.where
+        # Typed loosely: mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+        where: Callable[[Any, Any, Any], RESULTS] = RESULTS.where
         verdict = where(
             negative,
             RESULTS.indefinite,

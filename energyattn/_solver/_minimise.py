@@ -33,7 +33,7 @@ class _Pairs(NamedTuple):
     t: Float[Array, "m n"]  # gradient changes g_{k+1} - g_k
     rho: Float[Array, " m"]  # 1 / (s . t)
     gamma: Float[Array, ""]  # scale of the initial inverse Hessian
-    count: Int[Array, ""]
+    accepted: Int[Array, ""]  # pairs accepted so far (`count` would shadow tuple.count)
 
 
 class LBFGS(AbstractLineSearchSolver):
@@ -99,7 +99,7 @@ class LBFGS(AbstractLineSearchSolver):
         st = jnp.dot(s, t)
         eps = jnp.finfo(grad.dtype).eps
         good = state.started & (st > eps * jnp.linalg.norm(s) * jnp.linalg.norm(t))
-        slot = pairs.count % m
+        slot = pairs.accepted % m
         keep = lambda new, old: jnp.where(good, new, old)  # noqa: E731
         pairs = _Pairs(
             y=point.y,
@@ -108,21 +108,21 @@ class LBFGS(AbstractLineSearchSolver):
             t=keep(pairs.t.at[slot].set(t), pairs.t),
             rho=keep(pairs.rho.at[slot].set(1 / jnp.where(good, st, 1)), pairs.rho),
             gamma=keep(st / jnp.where(good, jnp.dot(t, t), 1), pairs.gamma),
-            count=pairs.count + good.astype(jnp.int32),
+            accepted=pairs.accepted + good.astype(jnp.int32),
         )
         first = jnp.minimum(1, 1 / jnp.maximum(jnp.linalg.norm(grad), eps))
-        gamma = jnp.where(pairs.count > 0, pairs.gamma, first)
-        used = jnp.minimum(pairs.count, m)
+        gamma = jnp.where(pairs.accepted > 0, pairs.gamma, first)
+        used = jnp.minimum(pairs.accepted, m)
         # Two-loop recursion, newest pair first (slots form a ring).
         q, alphas = grad, []
         for j in range(m):
-            i = (pairs.count - 1 - j) % m
+            i = (pairs.accepted - 1 - j) % m
             a = jnp.where(j < used, pairs.rho[i] * jnp.dot(pairs.s[i], q), 0)
             q = q - a * pairs.t[i]
             alphas.append(a)
         r = gamma * q
         for j in reversed(range(m)):
-            i = (pairs.count - 1 - j) % m
+            i = (pairs.accepted - 1 - j) % m
             b = pairs.rho[i] * jnp.dot(pairs.t[i], r)
             r = r + jnp.where(j < used, alphas[j] - b, 0) * pairs.s[i]
         direction = -r
@@ -136,7 +136,7 @@ class LBFGS(AbstractLineSearchSolver):
 
     def forget(self, memory):
         # The pairs described the way to a point that was not a minimum: start afresh.
-        return memory._replace(count=jnp.zeros_like(memory.count))
+        return memory._replace(accepted=jnp.zeros_like(memory.accepted))
 
     def postprocess(self, problem, y, args, state, result):
         stats = {"value": state.point.f, "backtracks": state.backtracks}
@@ -225,10 +225,12 @@ def minimise(
         eps = jnp.finfo(value.dtype).eps
         slack = 16 * eps * (jnp.abs(start) + jnp.abs(value))
         uphill = (solution.result == RESULTS.successful) & ~(value <= start + slack)
-        result = RESULTS.where(uphill, RESULTS.increased, solution.result)
+        # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+        result = RESULTS.where(uphill, RESULTS.increased, solution.result)  # type: ignore[arg-type]
         stats = dict(solution.stats, energy=value)
         return eqx.tree_at(lambda s: (s.result, s.stats), solution, (result, stats))
 
+    kind: type[AbstractProblem]
     if isinstance(solver, AbstractFixedPointSolver):
         alpha = check_positive("step_size", 0.1 if step_size is None else step_size)
         grad = jax.grad(energy)

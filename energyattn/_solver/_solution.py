@@ -102,7 +102,7 @@ class Solution(eqx.Module):
     if TYPE_CHECKING:
         # For a type checker, the documented idiom `sol.energies[-1] < sol.energies[0]` of a
         # descent (whose energies are always recorded) indexes an array, not an Optional.
-        energies: Float[Array, " steps"] = ...
+        energies: Float[Array, " steps"] = eqx.field(default=None)
     else:
         energies: Float[Array, " steps"] | None = None
     trajectory: State | None = None

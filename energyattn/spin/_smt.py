@@ -141,7 +141,8 @@ def smt_steady_state(
     )
     norms = jnp.linalg.norm(solution.value, axis=-1)
     outside = (solution.result == RESULTS.successful) & ~jnp.all(norms < R)
-    result = RESULTS.where(outside, RESULTS.infeasible, solution.result)
+    # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+    result = RESULTS.where(outside, RESULTS.infeasible, solution.result)  # type: ignore[arg-type]
     solution = eqx.tree_at(lambda s: s.result, solution, result)
     if throw:
         value = solution.result.error_if(solution.value, solution.result != RESULTS.successful)
