@@ -300,7 +300,8 @@ def num_corrupted(fraction: Any, size: int) -> int:
     """`round(fraction * size)` for a concrete `fraction` in [0, 1], else a `ValueError`."""
     if isinstance(fraction, bool):
         raise ValueError(f"fraction must be a number in [0, 1], got {fraction!r}")
-    if concrete_value(fraction) is None:
+    known = concrete_value(fraction)
+    if known is None:
         raise ValueError(
             "fraction must be a concrete Python number (it fixes how many entries are "
             "corrupted, a static shape); got a traced value: close over it instead of "
@@ -311,7 +312,7 @@ def num_corrupted(fraction: Any, size: int) -> int:
     check_values("fraction", fraction, lambda f: (f >= 0) & (f <= 1), "in [0, 1]")
     # The count is static: take it from the concrete value (under jit, jnp.asarray of a
     # Python float is staged as a tracer).
-    return round(float(concrete_value(fraction)) * size)
+    return round(float(known) * size)
 
 
 def default_dtype(dtype: Any) -> Any:

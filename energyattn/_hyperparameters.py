@@ -6,7 +6,7 @@ keeps the two fields this module makes and reads its value through `hyperparamet
 (docs/api/nn.md, "Hyperparameters: fixed or trained").
 """
 
-from typing import Any
+from typing import Any, cast
 
 import jax.numpy as jnp
 from jaxtyping import Array
@@ -31,4 +31,5 @@ def hyperparameter_fields(
 def hyperparameter(name: str, fixed: float | None, trained: Array | None) -> float | Array:
     """The value of a hyperparameter held by `hyperparameter_fields`; a trained one is checked
     to be finite and > 0 at run time (training can drive it anywhere)."""
-    return fixed if trained is None else check_positive(name, trained)
+    # One of the two is set (`hyperparameter_fields`): without a trained value, the fixed one.
+    return cast(float, fixed) if trained is None else check_positive(name, trained)

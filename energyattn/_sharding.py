@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
@@ -61,7 +62,7 @@ def explicit_sequence_axis(
 ) -> tuple[AbstractMesh, str | tuple[str, ...]] | None:
     """`(mesh, axis)` when `x`'s leading (sequence) axis is split over an `Explicit` mesh
     axis in its type (`jax.typeof(x).sharding`), else `None`."""
-    sharding = getattr(jax.typeof(x), "sharding", None)
+    sharding: Any = getattr(jax.typeof(x), "sharding", None)
     spec = getattr(sharding, "spec", None)
     if not spec or spec[0] is None:
         return None

@@ -152,7 +152,7 @@ class HopfieldEnergy(AbstractEnergy):
     memory: Float[Array, "mem dim"]
     beta: Float[Array, ""]
     mask: Bool[Array, "seq mem"] | None
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
     def __init__(

@@ -15,6 +15,8 @@ Everything acts row-wise on `(spins, dim)` arrays; unbatched (use `jax.vmap` for
     public JAX code (the reference of `tests/test_smt.py`'s fixture).
 """
 
+from typing import cast
+
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
@@ -47,7 +49,8 @@ def _gamma_of_magnetization(m_sq: Float[Array, "... 1"], R2: ScalarLike) -> Floa
     $\lVert m\rVert^2$: the same value as `smt_gamma(smt_phi_inverse(m))` without the field's
     norm (a second pass over the rows) and without the square root of a number that grows
     without bound as $\lVert m\rVert \to R$."""
-    return (R2 + m_sq) / (R2 - m_sq)
+    # An array: `m_sq` is one (NumPy's stubs type a NumPy `R2` times it as NumPy's).
+    return cast(Array, (R2 + m_sq) / (R2 - m_sq))
 
 
 def _phi_inverse(
@@ -55,7 +58,7 @@ def _phi_inverse(
 ) -> Float[Array, "... dim"]:
     r"""`smt_phi_inverse` from $\lVert m\rVert^2$, unchecked (inside the solves, where `m`
     comes from `smt_phi` and so lies inside the sphere)."""
-    return 2 * R2 * m / (beta * (R2 - m_sq))
+    return cast(Array, 2 * R2 * m / (beta * (R2 - m_sq)))  # an array, as `m` is
 
 
 def smt_gamma(
@@ -105,7 +108,7 @@ def smt_phi(
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
     theta = jnp.asarray(theta)
-    return beta * theta / (1 + smt_gamma(theta, beta=beta, R=R))[..., None]
+    return cast(Array, beta * theta / (1 + smt_gamma(theta, beta=beta, R=R))[..., None])
 
 
 def smt_phi_inverse(
@@ -147,8 +150,9 @@ def smt_phi_inverse(
         )
     elif np.any(known):
         largest = float(np.sqrt(np.max(np.asarray(m_sq)[known])))
+        radius = float(cast(float, R))  # real (mypy reads `Float[ArrayLike, ""]` as any ArrayLike)
         raise ValueError(
-            f"m must have rows of norm < R = {float(R):g} (inside the spins' sphere), got a "
+            f"m must have rows of norm < R = {radius:g} (inside the spins' sphere), got a "
             f"row of norm {largest:g}"
         )
     return _phi_inverse(m, m_sq, beta, R2)

@@ -301,7 +301,9 @@ def _as_tp(t: Any, mode: Mode, dtype: Any) -> Float[Array, " n"]:
     return t[None] if mode == "scalar" else t
 
 
-def _prepare(t: Any, J: Any, H: Any, beta: Any, mode: Any) -> tuple[Any, ...]:
+def _prepare(
+    t: Any, J: Any, H: Any, beta: Any, mode: Any
+) -> tuple[Array, Array, Array, Array, Mode]:
     mode = check_mode(mode)
     J, H, beta = check_system(J, H, beta, extra=(t,))
     check_t(t, H.shape[0], mode)
@@ -450,7 +452,7 @@ class PhiEnergy(AbstractEnergy):
     J: Float[Array, "spins spins"]
     H: Float[Array, "spins dim"]
     beta: Float[Array, ""]
-    mode: str = eqx.field(static=True)
+    mode: Mode = eqx.field(static=True)
 
     def __init__(
         self,
@@ -464,7 +466,7 @@ class PhiEnergy(AbstractEnergy):
         self.J, self.H, self.beta = check_system(J, H, beta)
 
     def __call__(self, x: Float[Array, " spins"] | Float[Array, ""], args: Any = None) -> Scalar:
-        return phi(x, self.J, self.H, self.beta, mode=self.mode)  # type: ignore[arg-type]
+        return phi(x, self.J, self.H, self.beta, mode=self.mode)
 
 
 def symmetric_couplings(J_raw: Float[ArrayLike, "spins spins"]) -> Float[Array, "spins spins"]:

@@ -188,7 +188,7 @@ class TransformerAttentionEnergy(AbstractEnergy):
     w_key: Float[Array, "heads head_dim dim"]
     beta: Float[Array, ""]
     include_self: bool = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
@@ -246,7 +246,7 @@ class TransformerMemoryEnergy(AbstractEnergy):
 
     memories: Float[Array, "mem dim"]
     beta: Float[Array, ""]
-    kind: str = eqx.field(static=True)
+    kind: MemoryKind = eqx.field(static=True)
 
     def __init__(
         self,

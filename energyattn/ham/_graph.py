@@ -1,7 +1,7 @@
 r"""Hierarchical associative memories: layers of neurons joined by synapses, one energy."""
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -133,7 +133,8 @@ class HAM(eqx.Module):
             for name, layer in self.neurons.items()
             if layer.legendre
         )
-        return total + sum(self._synapse_energy(name, g) for name in self.synapses)
+        # mypy types `sum` as `Array | int` (the int 0 of no terms).
+        return cast(Scalar, total + sum(self._synapse_energy(name, g) for name in self.synapses))
 
     def energy(self, states: Mapping[str, Float[Array, "..."]], args: Any = None) -> Scalar:
         """$E(x)$ at the states (a dict of arrays); `args` is ignored (the energy protocol)."""
@@ -147,13 +148,17 @@ class HAM(eqx.Module):
         terms = {}
         for name, layer in self.neurons.items():
             if layer.legendre:
-                terms[f"neurons/{name}"] = FunctionEnergy(
-                    lambda x, args, n=name: self.neurons[n].energy(self._check(x)[n]), name
-                )
+
+                def neuron_energy(x: Any, args: Any, n: str = name) -> Array:
+                    return self.neurons[n].energy(self._check(x)[n])
+
+                terms[f"neurons/{name}"] = FunctionEnergy(neuron_energy, name)
         for name in self.synapses:
-            terms[f"synapses/{name}"] = FunctionEnergy(
-                lambda x, args, n=name: self._synapse_energy(n, self.activations(x)), name
-            )
+
+            def synapse_energy(x: Any, args: Any, n: str = name) -> Array:
+                return self._synapse_energy(n, self.activations(x))
+
+            terms[f"synapses/{name}"] = FunctionEnergy(synapse_energy, name)
         return SumEnergy(terms)
 
     def energy_tree(self, states: Mapping[str, Float[Array, "..."]]) -> dict[str, Scalar]:

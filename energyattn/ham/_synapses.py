@@ -250,7 +250,7 @@ class HopfieldSynapse(eqx.Module):
     memories: Float[Array, "mem dim"]
     fixed_beta: float | None = eqx.field(static=True)
     trained_beta: Float[Array, ""] | None
-    kind: str = eqx.field(static=True)
+    kind: Literal["relu", "softmax"] = eqx.field(static=True)
 
     def __init__(
         self,

@@ -156,8 +156,8 @@ class EnergyTransformer(eqx.Module):
     step_size: float = eqx.field(static=True)
     num_steps: int = eqx.field(static=True)
     include_self: bool = eqx.field(static=True)
-    memory: str = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    memory: Literal["relu", "softmax"] = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
 
     def __init__(
         self,

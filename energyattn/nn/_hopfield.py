@@ -81,7 +81,7 @@ class HopfieldAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     head_dim: int = eqx.field(static=True)
     bare: bool = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
     def __init__(

@@ -17,9 +17,10 @@ bounded, a `lax.while_loop` with implicit derivatives at the fixed point when it
 
 import functools
 import math
+import operator
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -383,7 +384,7 @@ class Hopfield(eqx.Module):
                 "pattern_projection_as_connected routes the values through the key projection, "
                 "which stored_pattern_as_static removes"
             )
-        for flag, size, name, want in (
+        for static, size, name, want in (
             (state_pattern_as_static, self.input_size, "input_size", d),
             (stored_pattern_as_static, self.stored_pattern_size, "stored_pattern_size", d),
             (
@@ -393,7 +394,7 @@ class Hopfield(eqx.Module):
                 p,
             ),
         ):
-            if flag and size != want:
+            if static and size != want:
                 raise ValueError(
                     f"a static input is used as it is in every head, so {name}={size} must "
                     f"equal the per-head size {want}"
@@ -511,8 +512,10 @@ class Hopfield(eqx.Module):
         if names[0] == "input":
             checked = check_finite("input", stored)
             return checked, checked, checked
-        return tuple(
-            check_finite(n, x) for n, x in zip(names, (stored, state, projection), strict=True)
+        return (
+            check_finite(names[0], stored),
+            check_finite(names[1], state),
+            check_finite(names[2], projection),
         )
 
     def _allowed(
@@ -569,10 +572,12 @@ class Hopfield(eqx.Module):
         if self.norm_hopfield_space is not None:
             q = jax.vmap(_rows, (None, 0))(self.norm_hopfield_space, q)
             k = jax.vmap(_rows, (None, 0))(self.norm_hopfield_space, k)
-        appended_k, appended_v = [], []
+        appended_k: list[Array] = []
+        appended_v: list[Array] = []
         if self.bias_key is not None:
+            bias_value = cast(Array, self.bias_value)  # set with bias_key
             appended_k.append(rearrange(self.bias_key, "(h d) -> h 1 d", h=heads))
-            appended_v.append(rearrange(self.bias_value, "(h p) -> h 1 p", h=heads))
+            appended_v.append(rearrange(bias_value, "(h p) -> h 1 p", h=heads))
         if self.add_zero_association:
             appended_k.append(jnp.zeros((heads, 1, k.shape[2]), k.dtype))
             appended_v.append(jnp.zeros((heads, 1, v.shape[2]), v.dtype))
@@ -636,7 +641,8 @@ class Hopfield(eqx.Module):
         # `lax.while_loop` has no reverse mode: the loop runs without derivatives, and the
         # converged states are differentiated as the stationary point of the heads' energy
         # (implicit function theorem).
-        steps, xi, _ = jax.vmap(head)(*no_grad((q, k, beta)), limits, eps)
+        q_const, k_const, beta_const = no_grad((q, k, beta))
+        steps, xi, _ = jax.vmap(head)(q_const, k_const, beta_const, limits, eps)
         energy = HopfieldHeadsEnergy(k, beta, allowed)
         problem, flat, unravel = flatten_problem(MinimiseProblem, energy, xi, None)
         xi = unravel(implicit_value(flat, problem, None))
@@ -972,7 +978,7 @@ class HopfieldLayer(eqx.Module):
         """A layer with the weights of a hopfield-layers `HopfieldLayer` (`lookup_weights`,
         `target_weights` and the `hopfield.*` parameters); arguments as
         `Hopfield.from_state_dict`."""
-        patterns = ("lookup_weights",)
+        patterns: tuple[str, ...] = ("lookup_weights",)
         if config.get("lookup_weights_as_separated", False):
             patterns += ("target_weights",)
         return _load(cls, state, config, dtype, prefix="hopfield.", patterns=patterns)
@@ -996,16 +1002,14 @@ def _hopfield_names(hop: Hopfield, prefix: str) -> dict[str, Callable[[Hopfield]
         norm = getattr(hop, field)
         if norm is not None and norm.weight is not None:
             for part in _LN_PARTS:
-                names[f"{prefix}{field}.{part}"] = lambda m, f=field, p=part: getattr(
-                    getattr(m, f), p
-                )
+                names[f"{prefix}{field}.{part}"] = operator.attrgetter(f"{field}.{part}")
     if hop.norm_hopfield_space is not None and hop.norm_hopfield_space.weight is not None:
-        names[core + "p_norm_weight"] = lambda m: m.norm_hopfield_space.weight
-        names[core + "p_norm_bias"] = lambda m: m.norm_hopfield_space.bias
+        names[core + "p_norm_weight"] = operator.attrgetter("norm_hopfield_space.weight")
+        names[core + "p_norm_bias"] = operator.attrgetter("norm_hopfield_space.bias")
     if hop.out_proj is not None:
-        names[core + "out_proj.weight"] = lambda m: m.out_proj.weight
+        names[core + "out_proj.weight"] = operator.attrgetter("out_proj.weight")
         if hop.out_proj.bias is not None:
-            names[core + "out_proj.bias"] = lambda m: m.out_proj.bias
+            names[core + "out_proj.bias"] = operator.attrgetter("out_proj.bias")
     return names
 
 
@@ -1033,7 +1037,9 @@ def _hopfield_state(hop: Hopfield, prefix: str) -> dict[str, Array]:
             for letter, p in projections:
                 out[f"{core}{letter}_proj_weight"] = p.weight
         if projections[0][1].bias is not None:
-            out[core + "in_proj_bias"] = jnp.concatenate([p.bias for _, p in projections])
+            # All the projections have a bias or none has (one `input_bias`).
+            biases = [cast(Array, p.bias) for _, p in projections]
+            out[core + "in_proj_bias"] = jnp.concatenate(biases)
     return out
 
 

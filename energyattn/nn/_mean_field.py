@@ -2,7 +2,7 @@
 
 import math
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import equinox as eqx
 import jax
@@ -196,7 +196,7 @@ class MeanFieldAttention(eqx.Module):
     def _bounds(self, J: Array) -> tuple[Array, Array]:
         n, d = self.num_spins, self.dim
         coupling = jnp.linalg.norm(jnp.swapaxes(J, 1, 2).reshape(n * d, n * d), ord=2)
-        first, second = self.correction.layers
+        first, second = cast(eqx.nn.MLP, self.correction).layers  # the neural variant's
         correction = (
             jnp.linalg.norm(second.weight, ord=2)
             * jnp.linalg.norm(first.weight, ord=2)
@@ -209,13 +209,13 @@ class MeanFieldAttention(eqx.Module):
         (the couplings, and with `contraction` their rescaling), not once per iteration."""
         J = self.couplings()
         if self.variant == "neural":
-            correction = self.correction
+            mlp = cast(eqx.nn.MLP, self.correction)  # set in the neural variant
+            correction: Callable[[Array], Array] = mlp
             if self.contraction is not None:
                 # Shrink J and f together so the bound on the map's Lipschitz constant is at
                 # most `contraction`: the fixed point exists, is unique, and is reached.
                 scale = jnp.minimum(1.0, self.contraction / self._bounds(J)[0])
                 J = scale * J
-                mlp = correction
                 correction = lambda u: scale * mlp(u)  # noqa: E731
             return lambda z, x: neural_mean_field(z, x, J, correction)
         if self.lin_response:

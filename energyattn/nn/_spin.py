@@ -1,6 +1,6 @@
 """Vector-spin attention: a layer's output is the magnetizations of a spin system it probes."""
 
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import equinox as eqx
 import jax
@@ -75,7 +75,7 @@ class VectorSpinAttention(eqx.Module):
     num_spins: int = eqx.field(static=True)
     dim: int = eqx.field(static=True)
     solver: Newton
-    mode: str = eqx.field(static=True)
+    mode: Mode = eqx.field(static=True)
     max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
@@ -120,7 +120,7 @@ class VectorSpinAttention(eqx.Module):
     def couplings(self, H: Float[Array, "spins dim"]) -> Float[Array, "spins spins"]:
         """The symmetric, zero-diagonal couplings $J$ (at fields $H$ when input-dependent)."""
         if self.query_proj is None or self.key_proj is None:
-            return symmetric_couplings(self.J_raw)
+            return symmetric_couplings(cast(Array, self.J_raw))  # set without projections
         return input_couplings(H, self.query_proj.weight, self.key_proj.weight)
 
     def fields(self, x: Float[ArrayLike, "spins dim"]) -> Float[Array, "spins dim"]:
@@ -187,9 +187,9 @@ class VectorSpinAttention(eqx.Module):
             H,
             self.beta,
             t0,
-            mode=self.mode,  # type: ignore[arg-type]
+            mode=self.mode,
             solver=self.solver,
             max_steps=self.max_steps,
             throw=self.throw,
-            return_solution=return_solution,  # type: ignore[call-overload]
+            return_solution=return_solution,
         )

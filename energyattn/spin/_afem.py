@@ -549,6 +549,21 @@ def magnetizations(
 ) -> tuple[Float[Array, "spins dim"], Solution]: ...
 
 
+@overload
+def magnetizations(
+    J: Couplings,
+    H: Float[ArrayLike, "spins dim"],
+    beta: ScalarLike,
+    t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
+    *,
+    mode: Mode = "vector",
+    solver: Newton | None = None,
+    max_steps: int = 50,
+    throw: bool = True,
+    return_solution: bool = False,
+) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]: ...
+
+
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],

@@ -7,7 +7,7 @@ one runs (`select_implementation`) and how the blockwise passes cut the sequence
 """
 
 import dataclasses
-from typing import Literal
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +32,11 @@ HEADS_IN_TURN_ENTRIES = 2**15
 _CUDNN_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def check_implementation(implementation: str) -> str:
+def check_implementation(implementation: str) -> Implementation:
     """`implementation` if it names one (a `ValueError` listing them otherwise)."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
-    return implementation
+    return cast(Implementation, implementation)
 
 
 def select_implementation(
@@ -48,7 +48,7 @@ def select_implementation(
     structured_mask: bool,
     backend: str | None = None,
     threshold: int | None = None,
-) -> str:
+) -> Implementation:
     r"""Resolve `implementation` to `"naive"`, `"small"`, `"blockwise"`, `"pallas"` or
     `"cudnn"`: which program computes the log-sum-exp.
 
@@ -76,7 +76,7 @@ def select_implementation(
     Every choice gives the same values and derivatives, in forward and reverse mode and to
     any order; only time and memory differ.
     """
-    check_implementation(implementation)
+    implementation = check_implementation(implementation)
     threshold = BLOCKWISE_THRESHOLD if threshold is None else threshold
     if implementation == "cudnn":
         backend = jax.default_backend() if backend is None else backend
