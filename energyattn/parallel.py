@@ -304,7 +304,7 @@ def sharded_train_step(
     def step(model: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Array]:
         _check_split(batch, mesh, spec)
         params, static = eqx.partition(replicate(model, mesh), eqx.is_inexact_array)
-        params, opt_state, loss = train_step(
+        out: tuple[Any, ...] = train_step(  # no carried state: three values
             mean_loss,
             optimizer,
             params,
@@ -313,6 +313,7 @@ def sharded_train_step(
             *jax.device_put(batch, NamedSharding(mesh, spec)),
             mesh=mesh,
         )
+        params, opt_state, loss = out
         return eqx.combine(params, static), opt_state, loss
 
     return step

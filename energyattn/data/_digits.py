@@ -86,7 +86,8 @@ def _shipped_digits() -> tuple[np.ndarray, np.ndarray]:
     arrays are those of `sklearn.datasets.load_digits()`, which is the fallback should a
     scikit-learn keep the file elsewhere.
     """
-    for folder in importlib.util.find_spec("sklearn").submodule_search_locations or ():
+    spec = importlib.util.find_spec("sklearn")  # not None: load_digits checked
+    for folder in (spec.submodule_search_locations if spec is not None else None) or ():
         path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
         if path.is_file():
             table = np.loadtxt(path, delimiter=",", dtype=np.float64)

@@ -33,7 +33,7 @@ def patchify(
 
 def unpatchify(
     patches: Shaped[ArrayLike, "patches patch_dim"],
-    image_shape: tuple[int, int, int],
+    image_shape: tuple[int, ...],
     patch_size: int,
 ) -> Shaped[Array, "channels height width"]:
     """Inverse of [`patchify`][energyattn.data.patchify]: reassemble `(channels, height,

@@ -3,7 +3,7 @@ pseudo-likelihood training, and the masked-prediction / denoising tasks of the p
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -380,9 +380,9 @@ def reconstruction_curves(
         masked_count.append(np.asarray(c)[:keep])
         if examples is None:
             examples = np.asarray(states[: min(8, keep)])
-    out = {
+    out: dict[str, np.ndarray] = {
         "mse": np.concatenate(mse).mean(axis=0),
-        "examples": examples,
+        "examples": cast(np.ndarray, examples),  # set by the first batch (there is one)
     }
     if task == "masked":
         out["masked_mse"] = (

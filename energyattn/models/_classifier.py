@@ -1,7 +1,7 @@
 """Image classification with deep implicit attention: a CLS site reads out a mean-field response."""
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import equinox as eqx
 import jax
@@ -113,7 +113,7 @@ class MeanFieldClassifier(eqx.Module):
 
     @property
     def num_classes(self) -> int:
-        return self.head.out_features
+        return cast(int, self.head.out_features)  # built from an int, never "scalar"
 
     def sites(self, image: Float[ArrayLike, "channels height width"]) -> Float[Array, "sites dim"]:
         """The input fields: the CLS token, then one embedded patch per site (row by row)."""
@@ -192,7 +192,7 @@ class AttentionClassifier(eqx.Module):
 
     @property
     def num_classes(self) -> int:
-        return self.head.out_features
+        return cast(int, self.head.out_features)  # built from an int, never "scalar"
 
     def sites(self, image: Float[ArrayLike, "channels height width"]) -> Float[Array, "sites dim"]:
         """The input tokens: the CLS token, then one embedded patch per site (row by row)."""
@@ -356,10 +356,10 @@ def evaluate_classifier(
         predictions.append(np.asarray(p))
         steps.append(np.asarray(s))
         converged.append(np.asarray(c))
-    predictions, steps = np.concatenate(predictions), np.concatenate(steps)
+    predicted, taken = np.concatenate(predictions), np.concatenate(steps)
     return {
-        "accuracy": float(np.mean(predictions == np.asarray(labels))),
-        "mean_steps": float(np.mean(steps)),
-        "max_steps": float(np.max(steps)),
+        "accuracy": float(np.mean(predicted == np.asarray(labels))),
+        "mean_steps": float(np.mean(taken)),
+        "max_steps": float(np.max(taken)),
         "converged": float(np.mean(np.concatenate(converged))),
     }

@@ -3,7 +3,7 @@ an energy, predictions refined by descending it ("thinking"), training through t
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import equinox as eqx
 import jax
@@ -33,6 +33,7 @@ from .._solver import descend
 from ._training import TrainResult, fit
 
 Implementation = Literal["auto", "naive", "blockwise", "pallas"]
+_Module = TypeVar("_Module", bound=eqx.Module)
 
 
 def causal_attention(
@@ -158,7 +159,8 @@ class CausalBlock(eqx.Module):
     def heads(self, h: Array, num_heads: int) -> tuple[Array, Array, Array]:
         """Queries, keys and values of every head, each `(heads, seq, head_dim)`."""
         qkv = jax.vmap(self.qkv)(jax.vmap(self.norm1)(h))
-        return tuple(rearrange(qkv, "n (three h d) -> three h n d", three=3, h=num_heads))
+        q, k, v = rearrange(qkv, "n (three h d) -> three h n d", three=3, h=num_heads)
+        return q, k, v
 
     def finish(self, h: Array, attended: Array) -> Array:
         """The residual update from the heads' outputs `(heads, seq, head_dim)`, then the MLP."""
@@ -166,13 +168,13 @@ class CausalBlock(eqx.Module):
         return u + jax.vmap(self.mlp)(jax.vmap(self.norm2)(u))
 
 
-def _check_path(implementation: str) -> str:
+def _check_path(implementation: str) -> Implementation:
     if implementation not in ("auto", "naive", "blockwise", "pallas"):
         raise ValueError(
             "implementation must be 'auto', 'naive', 'blockwise' or 'pallas' (causal "
             f"attention: cuDNN cannot take the mask), got {implementation!r}"
         )
-    return implementation
+    return cast(Implementation, implementation)
 
 
 def _with_path(model: Any, implementation: str, block_size: BlockSize) -> Any:
@@ -190,7 +192,7 @@ def _with_path(model: Any, implementation: str, block_size: BlockSize) -> Any:
     return eqx.tree_at(lambda m: m.transformer, model, changed)
 
 
-def _stack(modules: list[eqx.Module]) -> eqx.Module:
+def _stack(modules: list[_Module]) -> _Module:
     """Modules of one structure as one module whose arrays have a leading layer axis."""
     weights = [eqx.filter(m, eqx.is_array) for m in modules]
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *weights)
@@ -228,7 +230,7 @@ class CausalTransformer(eqx.Module):
     norm: eqx.nn.LayerNorm
     head: eqx.nn.Linear
     num_heads: int = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
     def __init__(
@@ -263,7 +265,7 @@ class CausalTransformer(eqx.Module):
 
     @property
     def token_dim(self) -> int:
-        return self.embed.in_features
+        return cast(int, self.embed.in_features)  # built from an int, never "scalar"
 
     @property
     def max_len(self) -> int:
@@ -495,7 +497,9 @@ class EnergyBasedTransformer(AbstractEnergy):
         energy = self.context(x)
 
         def one(y0: Array, k: Array) -> tuple[Array, Array, Array, Array | None]:
-            noise = {} if noise_scale is None else {"noise_scale": noise_scale, "key": k}
+            noise: dict[str, Any] = {}
+            if noise_scale is not None:
+                noise = {"noise_scale": noise_scale, "key": k}
             solution = descend(
                 energy,
                 y0,
@@ -621,11 +625,11 @@ class ReplayBuffer(eqx.Module):
         probability, in $[0, 1]$."""
         _, seq, token_dim = self.samples.shape
         check_shape("noise", noise, "n seq token_dim", seq=seq, token_dim=token_dim)
-        ratio = check_values("ratio", ratio, lambda r: (r >= 0) & (r <= 1), "in [0, 1]")
+        checked = check_values("ratio", ratio, lambda r: (r >= 0) & (r <= 1), "in [0, 1]")
         pick_key, use_key = jr.split(key)
         filled = jnp.minimum(self.count, self.samples.shape[0])
         index = jr.randint(pick_key, (noise.shape[0],), 0, jnp.maximum(filled, 1))
-        use = (jr.uniform(use_key, (noise.shape[0],)) < ratio) & (filled > 0)
+        use = (jr.uniform(use_key, (noise.shape[0],)) < checked) & (filled > 0)
         return jnp.where(use[:, None, None], self.samples[index].astype(noise.dtype), noise)
 
 
@@ -675,7 +679,8 @@ def thinking_steps_for_training(
     early = num_steps - backprop_steps
     if noise_scale is not None and key is None:
         raise ValueError("Langevin noise (noise_scale) needs a key")
-    early_key, late_key = (None, None) if noise_scale is None else jr.split(key)
+    # A key whenever there is noise (checked above).
+    early_key, late_key = (None, None) if noise_scale is None or key is None else jr.split(key)
 
     def noise(k: Array | None) -> dict:
         return {} if noise_scale is None else {"noise_scale": noise_scale, "key": k}
@@ -695,7 +700,7 @@ def thinking_steps_for_training(
             return_trajectory=True,
             **noise(late_key),
         )
-        return solution.trajectory[1:]
+        return cast(Array, solution.trajectory)[1:]  # recorded: return_trajectory=True
 
     def step(y: Array, k: Array | None) -> tuple[Array, Array]:
         y = descend(
@@ -846,7 +851,7 @@ def train_ebt(
     noise = (
         None if noise_scale is None else python_float("noise_scale", noise_scale, allow_zero=True)
     )
-    buffer = ()  # the loss's carried state: nothing, or the replay buffer
+    buffer: ReplayBuffer | tuple[()] = ()  # the loss's carried state: nothing, or the buffer
     if positive_int("replay_capacity", replay_capacity, minimum=0):
         buffer = ReplayBuffer.empty(replay_capacity, *sequences.shape[1:])
     config = (
@@ -950,12 +955,11 @@ def complete(
     seq = x.shape[0]
     if not 1 <= start < seq:
         raise ValueError(f"start must be from 1 to seq - 1 = {seq - 1}, got {start}")
-    thinks = isinstance(model, EnergyBasedTransformer)
-    if thinks and key is None:
+    if isinstance(model, EnergyBasedTransformer) and key is None:
         raise ValueError("an EnergyBasedTransformer thinks with noise: pass key=")
 
     def fill(t: Any, x: Array) -> Array:
-        if thinks:
+        if isinstance(model, EnergyBasedTransformer) and key is not None:  # (key: checked)
             predicted = model.think(x, key=jr.fold_in(key, t), **thinking).prediction
         else:
             predicted = model(x)

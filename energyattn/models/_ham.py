@@ -1,7 +1,7 @@
 """An image classifier that is a hierarchical associative memory: image, convolutional
 features and labels as neuron layers of one energy, trained through its unrolled descent."""
 
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -196,7 +196,7 @@ class HAMClassifier(eqx.Module):
 
     @property
     def dtype(self) -> Any:
-        return self.ham.synapses["dense"].weight.dtype
+        return cast(DenseSynapse, self.ham.synapses["dense"]).weight.dtype
 
     def init_states(
         self, image: Float[ArrayLike, "channels height width"]

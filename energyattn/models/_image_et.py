@@ -308,17 +308,18 @@ def _read_npz(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             raise ValueError(
                 f"{str(path)!r}: {name} must hold real numbers, got dtype {array.dtype}"
             )
-    hyperparameters = {}
+    hyperparameters: dict[str, Any] = {}
     if stored is not None:
         try:
-            hyperparameters = json.loads(str(stored.item())) if stored.dtype.kind == "U" else None
+            loaded = json.loads(str(stored.item())) if stored.dtype.kind == "U" else None
         except (ValueError, TypeError):
-            hyperparameters = None
-        if not isinstance(hyperparameters, dict):
+            loaded = None
+        if not isinstance(loaded, dict):
             raise ValueError(
                 f"{str(path)!r}: {_HYPERPARAMETERS} must be a JSON object (as save_image_et "
                 f"writes it), got {str(stored)[:80]!r}"
             )
+        hyperparameters = loaded
     return arrays, hyperparameters
 
 
@@ -412,7 +413,7 @@ def load_image_et(
     An [`ImageEnergyTransformer`][energyattn.models.ImageEnergyTransformer].
     """
     arrays, stored = _read_npz(path)
-    given = dict(
+    given: dict[str, Any] = dict(
         image_shape=image_shape,
         patch_size=patch_size,
         include_self=include_self,
@@ -563,8 +564,7 @@ def save_image_et(path: str | Path, model: ImageEnergyTransformer) -> None:
         "num_steps": et.num_steps,
     }
     with atomic_output(path) as partial, open(partial, "wb") as file:
-        np.savez(
-            file,
-            **{k: np.asarray(v) for k, v in arrays.items()},
-            **{_HYPERPARAMETERS: np.asarray(json.dumps(hyperparameters))},
-        )
+        # Any: NumPy's stubs check `**` arrays against savez's `allow_pickle: bool`.
+        named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+        named[_HYPERPARAMETERS] = np.asarray(json.dumps(hyperparameters))
+        np.savez(file, **named)

@@ -374,7 +374,8 @@ def fit(
         # The time limit counts training, not compilation: compile the step ahead of time
         # (JAX keeps the executable for the calls below), then start the clock.
         args, kwargs = step_arguments(start)
-        train_step.lower(*args, **kwargs).compile()
+        # eqx.filter_jit's wrapper has `lower`; its annotation is the wrapped function's.
+        train_step.lower(*args, **kwargs).compile()  # type: ignore[attr-defined]
     began = time.perf_counter()
     bar = _progress(num_steps, start, progress)
     step = start
@@ -384,7 +385,7 @@ def fit(
                 break
             try:
                 args, kwargs = step_arguments(step)
-                out = train_step(*args, **kwargs)
+                out: tuple[Any, ...] = train_step(*args, **kwargs)
                 if state is None:
                     params, opt_state, loss = out
                 else:
