@@ -6,7 +6,7 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -27,6 +27,8 @@ from .common import (
 )
 
 TASKS = ("masked", "denoise")
+#: A task, as `ea.models.train_reconstruction` takes it (the models are imported lazily).
+Task = Literal["masked", "denoise"]
 
 
 def add_parser(commands: Any) -> None:
@@ -293,7 +295,7 @@ def run_attractor_demo(
     curves: dict[str, dict[str, np.ndarray]] = {}
     examples: dict[str, dict[str, np.ndarray]] = {}
     metrics["controls"] = {}
-    for task in tasks:
+    for task in cast(tuple[Task, ...], tasks):  # checked above
         task_metrics: dict[str, Any] = {}
         # name -> (model, iterations); iterations 1: a model that is not iterated.
         models: dict[str, tuple[Any, int]] = {

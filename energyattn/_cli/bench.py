@@ -66,14 +66,14 @@ def benchmark_names(folder: Path) -> tuple[str, ...] | None:
     tree = ast.parse((folder / "run.py").read_text(), str(folder / "run.py"))
     for node in tree.body:
         if isinstance(node, ast.Assign):
-            targets = node.targets
+            targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets = [node.target]
+            targets, value = [node.target], node.value
         else:
             continue
         if any(isinstance(target, ast.Name) and target.id == "BENCHMARKS" for target in targets):
             try:
-                return tuple(ast.literal_eval(node.value))
+                return tuple(ast.literal_eval(value))
             except ValueError:
                 return None
     return None
@@ -95,7 +95,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if unknown:
         parser.error(
             f"argument --only: unknown benchmark{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; choose from {', '.join(names)}"
+            f"{', '.join(map(repr, unknown))}; choose from {', '.join(names or ())}"
         )
     try:
         out = check_out(args.out).resolve()

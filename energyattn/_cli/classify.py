@@ -114,10 +114,12 @@ def run_classify_demo(
     The metrics: test accuracy, parameter count, training time, solver iterations.
     """
     from .._io import atomic_output
-    from ..data import load_digits, load_mnist
+    from ..data import Digits, Mnist, load_digits, load_mnist
     from ..models import MeanFieldClassifier, evaluate_classifier, train_classifier
 
     out = check_out(out, "model.eqx", "metrics.json")
+    train: Digits | Mnist
+    test: Digits | Mnist
     if mnist is None:
         train, test = load_digits("train"), load_digits("test")
         model = MeanFieldClassifier(key=jr.PRNGKey(seed))

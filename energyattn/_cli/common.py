@@ -121,7 +121,7 @@ def say(line: str) -> None:
     print(f"  {line}", flush=True)
 
 
-def output_files(out: str | os.PathLike) -> dict[str, tuple[int, int]]:
+def output_files(out: str | os.PathLike[str]) -> dict[str, tuple[int, int]]:
     """The files in a command's output folder, each with its modification time and size (none
     when there is no folder); temporary files (hidden) are left out."""
     try:
@@ -191,9 +191,10 @@ def run(
 
     from .._checks import runtime_message
 
+    caught: tuple[type[Exception], ...] = (OSError, *errors)
     try:
         return fn(*args, **kwargs)
-    except (OSError, *errors) as error:
+    except caught as error:
         fail(command, str(error))
         return None
     except (FloatingPointError, eqx.EquinoxRuntimeError) as error:

@@ -189,10 +189,10 @@ def run_ebt_demo(
     progress(
         f"digits (scikit-learn, 8x8) as sequences of 8 rows: {len(train)} train / {len(test)} test"
     )
-    sizes = dict(dim=dim, num_heads=num_heads, depth=depth)
+    sizes: dict[str, Any] = dict(dim=dim, num_heads=num_heads, depth=depth)
     ebt0 = EnergyBasedTransformer(8, 8, init_scale=init_scale, key=jr.key(seed), **sizes)
     ff0 = CausalTransformer(8, 8, key=jr.key(seed), **sizes)
-    settings = dict(
+    settings: dict[str, Any] = dict(
         key=jr.key(seed + 1),
         num_steps=train_steps,
         batch_size=batch_size,
@@ -201,7 +201,7 @@ def run_ebt_demo(
         progress=progress_bar,
     )
     trained = {}
-    for name, model, fn, extra in (
+    runs: tuple[tuple[str, Any, Callable[..., Any], dict[str, Any]], ...] = (
         (
             "ebt",
             ebt0,
@@ -209,7 +209,8 @@ def run_ebt_demo(
             dict(thinking_steps=thinking_steps),
         ),
         ("feed_forward", ff0, train_next_token, {}),
-    ):
+    )
+    for name, model, fn, extra in runs:
         planned = plural(train_steps, "step")
         progress(f"{name}: {num_parameters(model)} parameters; training {planned}")
         began = time.perf_counter()

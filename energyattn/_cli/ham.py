@@ -192,7 +192,7 @@ def run_ham_demo(
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)[:, None]
     test_images = np.asarray(test.images, np.float32)[:, None]
-    shape = dict(channels=channels, dtype=jnp.float32, key=jr.PRNGKey(seed))
+    shape: dict[str, Any] = dict(channels=channels, dtype=jnp.float32, key=jr.PRNGKey(seed))
     untrained = HAMClassifier(num_steps=descent_steps, step_size=step_size, **shape)
     models = {"ham": untrained, "feedforward": FeedforwardClassifier(**shape)}
     counts = {name: num_parameters(model) for name, model in models.items()}

@@ -6,7 +6,7 @@ import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import jax.random as jr
 import numpy as np
@@ -27,6 +27,8 @@ from .common import (
 )
 
 MODELS = ("spin_transformer", "softmax", "mean_field")
+#: An attention mixer, as `ea.models.AttentionClassifier` takes it (imported lazily).
+Mixer = Literal["spin_transformer", "softmax"]
 TITLES = {
     "spin_transformer": "spin-model transformer",
     "softmax": "softmax attention",
@@ -159,7 +161,7 @@ def run_smt_demo(
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)
     test_images = np.asarray(test.images, np.float32)
-    majority = float(np.mean(test.labels == np.bincount(train.labels).argmax()))
+    majority = float(np.mean(test.labels == np.argmax(np.bincount(train.labels))))
     progress(
         f"digits (scikit-learn, 8x8): {len(train.labels)} train / {len(test.labels)} test; "
         f"majority class {majority:.3f}"
@@ -175,11 +177,13 @@ def run_smt_demo(
     curves = {}
     for name in models:
         key = jr.PRNGKey(seed)
+        model: MeanFieldClassifier | AttentionClassifier
         if name == "mean_field":
             model = MeanFieldClassifier(patch_size=patch_size, dim=dim, key=key)
         else:
+            mixer = cast(Mixer, name)  # one of MODELS: checked above
             model = AttentionClassifier(
-                name, patch_size=patch_size, dim=dim, num_heads=num_heads, key=key
+                mixer, patch_size=patch_size, dim=dim, num_heads=num_heads, key=key
             )
         num_params = num_parameters(model)
         untrained = evaluate_classifier(model, test_images, test.labels)
