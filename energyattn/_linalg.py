@@ -44,10 +44,10 @@ def loop_batches(fn: Callable) -> Callable:
     Why: jaxlib 0.10's batched LAPACK kernels split a batch over XLA's intra-op thread
     pool and block that pool's thread until the pieces finish; when a program runs as many
     batched LAPACK calls at once as the pool has threads, every thread waits and the
-    process hangs (the docs' known issues, "Batched LAPACK calls can hang jaxlib 0.10 on CPU"). One example per call never
-    splits. Not differentiable in reverse mode (`custom_vmap`): for factors that are not
-    differentiated (the solvers' steps outside an unrolled solve, the implicit adjoint's
-    factor) and for the solves of `lax.custom_linear_solve`, whose derivatives go through
+    process hangs (the docs' known issues: "Batched LAPACK calls can hang jaxlib 0.10 on CPU"). One
+    example per call never splits. Not differentiable in reverse mode (`custom_vmap`): for factors
+    that are not differentiated (the solvers' steps outside an unrolled solve, the implicit
+    adjoint's factor) and for the solves of `lax.custom_linear_solve`, whose derivatives go through
     its matrix-vector product.
     """
     wrapped = jax.custom_batching.custom_vmap(fn)
