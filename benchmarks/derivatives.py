@@ -18,10 +18,10 @@ against the package before the change (`before`, commit 32fcd46, extracted by
   excluded), read after compiling, at seq 8192, one head, against naive autodiff of the
   score matrix.
 
-Targets: value + gradient <= 1.05 x before; no training-step roofline fraction more than 5
-points below before; JVP <= 2 x the value (see `benchmarks/README.md` for why the value alone cannot be
-the unit); forward-over-reverse HVP <= 3 x value + gradient; at seq 8192 value + gradient, JVP
-and both HVPs each <= 5% of naive autodiff's temporary memory.
+Targets: value + gradient <= 1.05 x before; no training-step roofline fraction more than 5 points
+below before; JVP <= 2 x the value (see `benchmarks/README.md` for why the value alone cannot be the
+unit); forward-over-reverse HVP <= 3 x value + gradient; at seq 8192 value + gradient, JVP and both
+HVPs each <= 5% of naive autodiff's temporary memory.
 
     OPENBLAS_NUM_THREADS=1 taskset -c 0 python benchmarks/derivatives.py [--quick]
 """

@@ -28,7 +28,8 @@ import energyattn as ea  # noqa: E402
 from energyattn._cli.common import avoid_xla_cpu_ynn_fusions as _avoid_xla_cpu_ynn_fusions  # noqa: E402
 
 # Before JAX starts its CPU backend: XLA's YNN fusions miscompile this layer on CPU (NaN
-# steady states at 65 tokens; see the known issues in the docs), so both contenders run without them.
+# steady states at 65 tokens; see the docs' known issues), so both contenders run without
+# them.
 _avoid_xla_cpu_ynn_fusions()
 
 BATCH = 32

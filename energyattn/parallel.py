@@ -46,7 +46,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
 from ._checks import positive_int, shape_str
 from ._custom_types import Scalar, ScalarLike
-from ._energy import BlockSizes, ring_hopfield_energy as _ring_hopfield_energy
+from ._energy import BlockSizes, hopfield_energy_over
 from ._sharding import sequence_parallel
 from ._train import train_step
 
@@ -507,9 +507,8 @@ def ring_hopfield_energy(
         (the energy); H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise
         Transformers for Near-Infinite Context* (2023) (the ring schedule).
     """
-    return _ring_hopfield_energy(
-        query, memory, _auto(mesh), _axis(mesh), beta=beta, mask=mask, block_size=block_size
-    )
+    ring = (_auto(mesh), _axis(mesh))
+    return hopfield_energy_over(query, memory, beta, mask, "blockwise", block_size, ring)
 
 
 def global_batch(local_batch: PyTree, mesh: Mesh) -> PyTree:

@@ -305,7 +305,7 @@ def test_bad_images_raise(getkey, user_mode):
             AttractorImageModel(key=getkey()),
             2 * jnp.ones((4, 1, 8, 8)),
             key=getkey(),
-            num_steps=1,
+            train_steps=1,
             batch_size=2,
             progress=False,
         )
@@ -343,7 +343,7 @@ def trained_attractor():
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images[:200], np.float32)[:, None]
     model = AttractorImageModel(dim=32, num_steps=20, key=jr.key(0), dtype=jnp.float32)
-    result = train_attractor(model, train, key=jr.key(1), num_steps=300, progress=False)
+    result = train_attractor(model, train, key=jr.key(1), train_steps=300, progress=False)
     curves = {
         task: reconstruction_curves(result.model, test, task=task, key=jr.key(2), num_steps=20)
         for task in ("masked", "denoise")
@@ -398,7 +398,7 @@ def test_baselines_train_and_iterate(getkey):
         train,
         task="denoise",
         key=getkey(),
-        num_steps=40,
+        train_steps=40,
         min_iterations=2,
         max_iterations=3,
         batch_size=32,
@@ -426,7 +426,7 @@ def test_baselines_train_and_iterate(getkey):
             train,
             task="masked",
             key=getkey(),
-            num_steps=1,
+            train_steps=1,
             min_iterations=3,
             max_iterations=1,
             progress=False,

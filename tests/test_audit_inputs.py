@@ -35,7 +35,7 @@ def test_replay_ratio_must_be_a_probability(user_mode, ratio):
             model,
             jnp.zeros((4, 3, 2)),
             key=jr.key(0),
-            num_steps=1,
+            train_steps=1,
             replay_capacity=2,
             replay_ratio=ratio,
             batch_size=2,

@@ -45,7 +45,7 @@ def test_short_training_learns_digits():
         train.images,
         train.labels,
         key=jr.key(1),
-        num_steps=200,
+        train_steps=200,
         batch_size=32,
         learning_rate=1e-2,
         progress=False,
@@ -62,7 +62,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
     train = load_digits("train")
     images, labels = train.images[:128], train.labels[:128]
     model = ea.models.MeanFieldClassifier(key=jr.key(0), max_steps=10)
-    kwargs = dict(key=jr.key(2), num_steps=6, batch_size=16, progress=False)
+    kwargs = dict(key=jr.key(2), train_steps=6, batch_size=16, progress=False)
     straight = ea.models.train_classifier(model, images, labels, **kwargs)
     path = tmp_path / "ckpt.eqx"
     first = ea.models.train_classifier(
@@ -90,7 +90,7 @@ def test_bad_data(user_mode):
         ea.models.evaluate_classifier(model, np.zeros((4, 9, 9)), np.zeros(4, int))
     with pytest.raises(ValueError, match="batch_size=8 exceeds"):
         ea.models.train_classifier(
-            model, images, np.zeros(4, int), key=jr.key(0), num_steps=1, batch_size=8
+            model, images, np.zeros(4, int), key=jr.key(0), train_steps=1, batch_size=8
         )
     with pytest.raises(ValueError, match="patch"):
         ea.models.MeanFieldClassifier(patch_size=3, key=jr.key(0))

@@ -109,7 +109,7 @@ def test_energy_transformer_recall_trajectory_context_parallel():
     x = jr.normal(jr.key(3), (SEQ, DIM))
 
     def recall(layer, x):
-        out, solution = layer(x, return_trajectory=True)
+        out, solution = layer(x, return_solution=True)
         return out, solution.energies
 
     expected = eqx.filter_jit(recall)(layer, x)

@@ -207,7 +207,7 @@ def test_nan_initial_state_is_reported():
     run = eqx.filter_jit(
         lambda x: ea.descend(ea.HopfieldEnergy(jnp.ones((2, 2))), x, step_size=0.1, num_steps=2)
     )
-    with pytest.raises(eqx.EquinoxRuntimeError, match="x0 contains NaN"):
+    with pytest.raises(eqx.EquinoxRuntimeError, match="y0 contains NaN"):
         run(jnp.array([[0.0, jnp.nan]]))
 
 

@@ -206,7 +206,7 @@ def test_training_resumes_exactly_with_its_replay_buffer(tmp_path):
     model = make(step_size=0.5)
     kwargs = dict(
         key=jr.key(6),
-        num_steps=4,
+        train_steps=4,
         batch_size=8,
         init_scale=0.5,
         replay_capacity=16,
@@ -264,7 +264,7 @@ def test_clear_errors(user_mode):
             model,
             x[None].repeat(4, 0),
             key=jr.key(0),
-            num_steps=1,
+            train_steps=1,
             thinking_steps=2,
             backprop_steps=3,
             batch_size=2,

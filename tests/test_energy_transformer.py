@@ -229,7 +229,7 @@ def test_recall_is_descend_with_layer_norm_activation(getkey):
         direct = ea.descend(
             et.as_energy(), x0, mask, step_size=0.2, num_steps=5, activation=et.layer_norm
         )
-        out, descent = et(x0, mask=mask, return_trajectory=True)
+        out, descent = et(x0, mask=mask, return_solution=True)
         # by hand: x <- x - alpha * dE/dg at g = LN(x)
         x = x0
         for _ in range(5):

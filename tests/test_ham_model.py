@@ -88,7 +88,7 @@ def test_training_through_the_descent_lowers_the_loss(digits):
     images, labels = digits[0], digits[1]
     model = ea.models.HAMClassifier(key=jr.PRNGKey(0), **TINY)
     result = ea.models.train_classifier(
-        model, images, labels, key=jr.PRNGKey(1), num_steps=2, learning_rate=0.1, progress=False
+        model, images, labels, key=jr.PRNGKey(1), train_steps=2, learning_rate=0.1, progress=False
     )
     assert result.finished and result.losses.shape == (2,)
     # The first step is the warm-up's (learning rate 0), the second moves every weight.
@@ -107,7 +107,7 @@ def test_bad_input(user_mode):
         ea.models.evaluate_ham_classifier(model, np.zeros((2, 8, 8)), np.array([0, 10]))
     with pytest.raises(ValueError, match="images must have shape"):
         ea.models.train_classifier(
-            model, np.zeros((2, 9, 9)), np.zeros(2, int), key=jr.PRNGKey(0), num_steps=1
+            model, np.zeros((2, 9, 9)), np.zeros(2, int), key=jr.PRNGKey(0), train_steps=1
         )
     with pytest.raises(ValueError, match="batch_size=8 exceeds"):
         ea.models.train_classifier(
@@ -115,7 +115,7 @@ def test_bad_input(user_mode):
             np.zeros((4, 8, 8)),
             np.zeros(4, int),
             key=jr.PRNGKey(0),
-            num_steps=1,
+            train_steps=1,
             batch_size=8,
         )
     for kwargs, match in [

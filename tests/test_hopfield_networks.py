@@ -673,11 +673,11 @@ class TestBadInput:
 
     def test_sign_descend_state(self):
         energy = ea.ClassicalHopfieldEnergy(np.zeros((3, 3)))
-        with pytest.raises(ValueError, match=r"s0 must hold only -1 and \+1"):
+        with pytest.raises(ValueError, match=r"y0 must hold only -1 and \+1"):
             ea.sign_descend(energy, np.array([1.0, 0.5, -1.0]), num_sweeps=1)
-        with pytest.raises(ValueError, match=r"s0 must hold only -1 and \+1"):
+        with pytest.raises(ValueError, match=r"y0 must hold only -1 and \+1"):
             ea.sign_descend(energy, np.array([1.0, 0.0, -1.0]), num_sweeps=1)
-        with pytest.raises(ValueError, match=r"s0 must have shape \(dim\), got \(1, 3\)"):
+        with pytest.raises(ValueError, match=r"y0 must have shape \(dim\), got \(1, 3\)"):
             ea.sign_descend(energy, np.ones((1, 3)), num_sweeps=1)
 
     def test_sign_descend_state_traced(self):
@@ -685,7 +685,7 @@ class TestBadInput:
         energy = ea.ClassicalHopfieldEnergy(np.zeros((3, 3)))
         run = jax.jit(lambda s: ea.sign_descend(energy, s, num_sweeps=1).value)
         np.testing.assert_array_equal(run(np.array([1.0, -1.0, 1.0])), [1.0, -1.0, 1.0])
-        with pytest.raises(Exception, match=r"s0 must hold only -1 and \+1"):
+        with pytest.raises(Exception, match=r"y0 must hold only -1 and \+1"):
             jax.block_until_ready(run(np.array([1.0, 0.5, -1.0])))
 
     def test_sign_descend_options(self, getkey):

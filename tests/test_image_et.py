@@ -45,7 +45,7 @@ def test_forward_pass_is_the_documented_pipeline(getkey):
     model = tiny_model(getkey())
     image = np.random.default_rng(0).uniform(size=(1, 8, 8))
     mask = ea.data.random_patch_mask(getkey(), 16, 4)
-    forward = eqx.filter_jit(lambda m, x, k: m(x, k, return_trajectory=True))
+    forward = eqx.filter_jit(lambda m, x, k: m(x, k, return_solution=True))
     out, descent = forward(model, image, mask)
     assert out.shape == (1, 8, 8) and descent.energies.shape == (4,)
     # by hand
@@ -118,7 +118,7 @@ def test_lyapunov_decreases_for_image_model_config(getkey):
 
 # The training of the resume test and of the held-out test below: the same model, data and
 # settings, so a process that runs both compiles the training step once.
-TRAINING = dict(num_steps=60, num_masked=4, batch_size=16, learning_rate=1e-2, progress=False)
+TRAINING = dict(train_steps=60, num_masked=4, batch_size=16, learning_rate=1e-2, progress=False)
 
 
 def _training_images():
@@ -205,7 +205,7 @@ def test_time_limit_counts_training_not_compilation(monkeypatch):
             (jnp.ones(3),),
             (),
             key=jr.key(0),
-            num_steps=3,
+            train_steps=3,
             learning_rate=0.1,
             warmup_steps=None,
             weight_decay=0.0,
@@ -225,7 +225,7 @@ def test_time_limit_counts_training_not_compilation(monkeypatch):
 
 def test_optimizer_schedule():
     optimizer = ea.models.make_optimizer(
-        1.0, num_steps=100, warmup_steps=10, clip_norm=1e9, weight_decay=0.0
+        1.0, train_steps=100, warmup_steps=10, clip_norm=1e9, weight_decay=0.0
     )
     params = {"w": jnp.zeros(())}
     state = optimizer.init(params)
@@ -395,12 +395,12 @@ def test_bad_inputs(user_mode, getkey):
     images = jnp.zeros((10, 1, 8, 8))
     with pytest.raises(ValueError, match="cannot mask num_masked=20 patches"):
         ea.models.train_inpainting(
-            model, images, key=getkey(), num_steps=1, num_masked=20, batch_size=2
+            model, images, key=getkey(), train_steps=1, num_masked=20, batch_size=2
         )
     with pytest.raises(
         ValueError, match=r"images must have shape \(n, channels=1, height=8, width=8\)"
     ):
-        ea.models.train_inpainting(model, images[:, 0], key=getkey(), num_steps=1, num_masked=2)
+        ea.models.train_inpainting(model, images[:, 0], key=getkey(), train_steps=1, num_masked=2)
 
 
 def test_training_improves_held_out_inpainting():

@@ -142,7 +142,7 @@ def test_trajectory_and_monotone_energy(data, getkey):
 
     @eqx.filter_jit
     def outputs(hop, x, context):
-        out, descent = hop(x, context, return_trajectory=True)
+        out, descent = hop(x, context, return_solution=True)
         return out, descent, hop(x, context), jax.vmap(hop.query_proj)(x)
 
     out, descent, out_plain, queries = jax.device_get(outputs(hop, x, context))

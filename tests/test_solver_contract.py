@@ -323,7 +323,7 @@ def test_solver_arguments_are_checked_with_their_names():
         ea.fixed_point(lambda y, a: 0.5 * y, jnp.ones(2), max_steps=10**12)
     with pytest.raises(ValueError, match="y0 of dtype bfloat16.*astype"):
         ea.root_find(lambda y, a: y - 1, jnp.zeros(2, jnp.bfloat16))
-    with pytest.raises(ValueError, match=r"x0 must hold at least one number, got shapes \(0,\)"):
+    with pytest.raises(ValueError, match=r"y0 must hold at least one number, got shapes \(0,\)"):
         ea.minimise(lambda x, a: jnp.sum(x**2), jnp.zeros(0))
     assert str(ea.RESULTS.successful).endswith("<successful>")
 

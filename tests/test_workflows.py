@@ -24,7 +24,7 @@ def tiny_images(n=4, size=4):
 
 
 def train_tiny(name, num_steps, **kwargs):
-    settings = dict(key=jr.key(1), num_steps=num_steps, batch_size=2, progress=False, **kwargs)
+    settings = dict(key=jr.key(1), train_steps=num_steps, batch_size=2, progress=False, **kwargs)
     if name == "inpainting":
         return ea.models.train_inpainting(tiny_et(), tiny_images(), num_masked=1, **settings)
     if name == "classifier":
@@ -54,7 +54,7 @@ def test_one_and_two_steps_work(name, num_steps):
 def test_schedule_is_valid_for_every_step_count():
     for num_steps, warmup in [(1, None), (1, 5), (2, None), (3, 3)]:
         optimizer = ea.models.make_optimizer(
-            1.0, num_steps=num_steps, warmup_steps=warmup, clip_norm=1e9, weight_decay=0.0
+            1.0, train_steps=num_steps, warmup_steps=warmup, clip_norm=1e9, weight_decay=0.0
         )
         params = {"w": jnp.zeros(())}
         state = optimizer.init(params)
@@ -71,7 +71,7 @@ def test_divergence_names_the_step_and_keeps_the_checkpoint(tmp_path):
     checkpoint = tmp_path / "run.eqx"
     images = tiny_images()
     first = ea.models.train_inpainting(
-        tiny_et(), images, key=jr.key(1), num_steps=2, num_masked=1, batch_size=2,
+        tiny_et(), images, key=jr.key(1), train_steps=2, num_masked=1, batch_size=2,
         learning_rate=1e-2, checkpoint=checkpoint, progress=False,
     )  # fmt: skip
     assert first.finished and first.losses.shape == (2,)  # two steps work
@@ -79,14 +79,14 @@ def test_divergence_names_the_step_and_keeps_the_checkpoint(tmp_path):
     diverged = r"training diverged at step \d+ of 40: .* lower the learning rate"
     with pytest.raises(FloatingPointError, match=diverged):
         ea.models.train_inpainting(
-            tiny_et(), images, key=jr.key(1), num_steps=40, num_masked=1, batch_size=2,
+            tiny_et(), images, key=jr.key(1), train_steps=40, num_masked=1, batch_size=2,
             learning_rate=1e6, clip_norm=1e30, progress=False,
         )  # fmt: skip
     # Resuming the finished 2-step checkpoint into a 40-step run that diverges: the
     # checkpoint (written at every step) is never replaced by NaN parameters.
     with pytest.raises(FloatingPointError, match="keeps the last finite state") as error:
         ea.models.train_inpainting(
-            tiny_et(), images, key=jr.key(1), num_steps=40, num_masked=1, batch_size=2,
+            tiny_et(), images, key=jr.key(1), train_steps=40, num_masked=1, batch_size=2,
             learning_rate=1e6, clip_norm=1e30, checkpoint=checkpoint, checkpoint_every=1,
             progress=False,
         )  # fmt: skip
@@ -95,7 +95,7 @@ def test_divergence_names_the_step_and_keeps_the_checkpoint(tmp_path):
         checkpoint,
         {
             "model": eqx.filter(first.model, eqx.is_inexact_array),
-            "opt_state": ea.models.make_optimizer(1.0, num_steps=2).init(
+            "opt_state": ea.models.make_optimizer(1.0, train_steps=2).init(
                 eqx.filter(first.model, eqx.is_inexact_array)
             ),
             "step": jnp.zeros((), jnp.int32),
@@ -115,7 +115,7 @@ def test_bad_checkpoint_path_fails_before_training(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="/nonexistent-folder/x.eqx"):
         ea.models.train_inpainting(
-            tiny_et(), tiny_images(), key=jr.key(1), num_steps=5, num_masked=1, batch_size=2,
+            tiny_et(), tiny_images(), key=jr.key(1), train_steps=5, num_masked=1, batch_size=2,
             checkpoint="/nonexistent-folder/x.eqx", progress=False,
             callback=record,
         )  # fmt: skip

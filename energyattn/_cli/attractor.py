@@ -269,7 +269,7 @@ def run_attractor_demo(
         patch_size=patch_size, num_steps=num_iterations, key=jr.PRNGKey(seed), dtype=jnp.float32
     )
     result = train_attractor(
-        untrained, train, key=jr.PRNGKey(seed + 1), num_steps=train_steps, progress=progress_bar
+        untrained, train, key=jr.PRNGKey(seed + 1), train_steps=train_steps, progress=progress_bar
     )
     attractor = result.model
     metrics["attractor_train_seconds"] = time.perf_counter() - began
@@ -317,7 +317,7 @@ def run_attractor_demo(
                 train,
                 task=task,
                 key=jr.PRNGKey(seed + 3),
-                num_steps=baseline_steps,
+                train_steps=baseline_steps,
                 min_iterations=low,
                 max_iterations=high,
                 progress=progress_bar,

@@ -139,7 +139,7 @@ def run_classify_demo(
         np.asarray(train.images, np.float32),
         train.labels,
         key=jr.PRNGKey(seed + 1),
-        num_steps=train_steps,
+        train_steps=train_steps,
         batch_size=min(64, len(train.labels)),
         time_limit=time_limit,
         progress=progress_bar,

@@ -237,8 +237,8 @@ def avoid_xla_cpu_ynn_fusions() -> None:
     NaN with JAX 0.12's defaults. Every fusion type (dot, reduce, eltwise) failed on one of
     these programs; none did with YNN fusions off. Commands run in their own process, so they
     set the flag before JAX starts its CPU backend, unless `XLA_FLAGS` already chooses. Code
-    that imports energyattn keeps JAX's defaults (they are faster: see the known issues in the
-    docs).
+    that imports energyattn keeps JAX's defaults (they are faster: see the docs' known
+    issues).
     """
     flags = os.environ.get("XLA_FLAGS", "")
     if YNN_FLAG not in flags:

@@ -199,7 +199,7 @@ def run_demo(
         model,
         train_images,
         key=train_key,
-        num_steps=train_steps,
+        train_steps=train_steps,
         num_masked=num_masked,
         batch_size=batch_size,
         learning_rate=learning_rate,
@@ -228,7 +228,7 @@ def run_demo(
     def inpaint(model: ea.models.ImageEnergyTransformer, images: jax.Array, masks: jax.Array):
         def one(image, mask):
             hidden = model.unpatchify(jnp.repeat(mask[:, None], 4, axis=1).astype(image.dtype))
-            output, descent = model(image, mask, return_trajectory=True)
+            output, descent = model(image, mask, return_solution=True)
             tokens = model.prepare(model.encode(image), mask)
             longer = model.transformer.recall(tokens, num_steps=4 * model.transformer.num_steps)
             return hidden, output, descent.energies, longer.energies

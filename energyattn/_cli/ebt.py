@@ -194,7 +194,7 @@ def run_ebt_demo(
     ff0 = CausalTransformer(8, 8, key=jr.key(seed), **sizes)
     settings: dict[str, Any] = dict(
         key=jr.key(seed + 1),
-        num_steps=train_steps,
+        train_steps=train_steps,
         batch_size=batch_size,
         learning_rate=learning_rate,
         time_limit=time_limit,

@@ -227,7 +227,7 @@ def run_ham_demo(
             train_images,
             train.labels,
             key=jr.PRNGKey(seed + 1),  # the same batches for both models
-            num_steps=train_steps,
+            train_steps=train_steps,
             batch_size=min(batch_size, len(train.labels)),
             learning_rate=learning_rate,
             time_limit=time_limit,

@@ -195,7 +195,7 @@ def run_smt_demo(
             train_images,
             train.labels,
             key=jr.PRNGKey(seed + 1),
-            num_steps=train_steps,
+            train_steps=train_steps,
             time_limit=time_limit,
             progress=progress_bar,
         )

@@ -29,7 +29,7 @@ from ._hopfield import (
     dense_hopfield_energy as dense_hopfield_energy,
     hebbian_weights as hebbian_weights,
     hopfield_energy as hopfield_energy,
-    ring_hopfield_energy as ring_hopfield_energy,
+    hopfield_energy_over as hopfield_energy_over,
 )
 from ._lagrangian import (
     layer_norm_lagrangian as layer_norm_lagrangian,

@@ -80,10 +80,10 @@ def hopfield_energy(
         eq. "energyfunc", and *Attention as Energy Minimization: Visualizing Energy Landscapes*
         (2021); H. Ramsauer et al., *Hopfield Networks is All You Need* (2020).
     """
-    return _hopfield_energy(query, memory, beta, mask, implementation, block_size, ring=None)
+    return hopfield_energy_over(query, memory, beta, mask, implementation, block_size, ring=None)
 
 
-def _hopfield_energy(
+def hopfield_energy_over(
     query: Float[ArrayLike, "seq dim"],
     memory: Float[ArrayLike, "mem dim"],
     beta: ScalarLike,
@@ -92,8 +92,8 @@ def _hopfield_energy(
     block_size: BlockSize,
     ring: tuple[Any, str] | None,
 ) -> Scalar:
-    # `hopfield_energy`, with `ring = (mesh, axis)` computed context-parallel over that axis
-    # (`ea.parallel.ring_hopfield_energy`).
+    """`hopfield_energy`, and with `ring = (mesh, axis)` context-parallel over that mesh axis
+    (`ea.parallel.ring_hopfield_energy`)."""
     check_matching_dim("query", query, "seq dim", "memory", memory, "mem dim")
     beta = check_positive("beta", beta)
     query = jnp.asarray(query)
@@ -391,18 +391,3 @@ class DenseHopfieldEnergy(AbstractEnergy):
 
     def __call__(self, x: Float[Array, " dim"], args: Any = None) -> Scalar:
         return dense_hopfield_energy(x, self.patterns, self.separation)
-
-
-def ring_hopfield_energy(
-    query: Float[ArrayLike, "seq dim"],
-    memory: Float[ArrayLike, "mem dim"],
-    mesh: Any,
-    axis: str,
-    *,
-    beta: ScalarLike = 1.0,
-    mask: Bool[ArrayLike, "seq mem"] | None = None,
-    block_size: BlockSize = None,
-) -> Scalar:
-    """`hopfield_energy` context-parallel over the mesh axis `axis` (checked by the caller,
-    `ea.parallel.ring_hopfield_energy`)."""
-    return _hopfield_energy(query, memory, beta, mask, "blockwise", block_size, (mesh, axis))

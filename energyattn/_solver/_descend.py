@@ -26,6 +26,7 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import Scalar, ScalarLike, State
+from .._deprecated import renamed_keywords
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution
 
@@ -59,9 +60,10 @@ def trajectory_flag(return_trajectory: bool, save_trajectory: bool | None, name:
     return bool(save_trajectory or return_trajectory)
 
 
+@renamed_keywords("ea.descend", x0="y0")
 def descend(
     energy: Callable[..., Scalar],
-    x0: State,
+    y0: State,
     args: Any = None,
     *,
     step_size: ScalarLike | PyTree[ScalarLike],
@@ -90,7 +92,7 @@ def descend(
     $\tau\,\dot x = -\partial E/\partial g$ of associative memories whose neurons carry the
     Legendre energy $g\cdot x - L(x)$ (whose $\partial/\partial g$ is the leak $x$); see
     [`ea.ham.HAM`][energyattn.ham.HAM]. A step size per leaf of the state (a pytree like
-    `x0`) gives each part its own time constant, $\alpha_\ell = \Delta t/\tau_\ell$.
+    `y0`) gives each part its own time constant, $\alpha_\ell = \Delta t/\tau_\ell$.
 
     With `noise_scale` $\sigma$ (and a `key`) every step adds Gaussian noise: Langevin
     dynamics, which samples $\propto e^{-E/T}$ at temperature $T = \sigma^2 / (2\alpha)$ for
@@ -104,9 +106,9 @@ def descend(
 
     - `energy`: any function `energy(g, args) -> scalar`, e.g. an
       [`AbstractEnergy`][energyattn.AbstractEnergy].
-    - `x0`: the initial state, a floating-point array or pytree of arrays.
+    - `y0`: the initial state, a floating-point array or pytree of arrays.
     - `args`: passed to the energy unchanged.
-    - `step_size`: $\alpha > 0$, or a pytree with the structure of `x0` holding one
+    - `step_size`: $\alpha > 0$, or a pytree with the structure of `y0` holding one
       $\alpha > 0$ per leaf.
     - `num_steps`: number of steps $T \ge 0$ (a Python int).
     - `activation`: optional $g(x)$, returning the same structure and shapes as `x`.
@@ -142,10 +144,10 @@ def descend(
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_steps = positive_int("num_steps", num_steps, minimum=0)
-    x0 = check_initial(x0, "x0")
-    step_size = _step_sizes(step_size, x0)
+    y0 = check_initial(y0, "y0")
+    step_size = _step_sizes(step_size, y0)
     if throw:
-        x0 = jax.tree.map(lambda leaf: check_finite("the initial state x0", leaf), x0)
+        y0 = jax.tree.map(lambda leaf: check_finite("the initial state y0", leaf), y0)
     if (noise_scale is None) != (key is None):
         raise ValueError(
             "Langevin noise needs both noise_scale and key (a JAX PRNG key), got "
@@ -157,24 +159,24 @@ def descend(
         )
     to_g = activation if activation is not None else (lambda x: x)
 
-    g0_shape = jax.eval_shape(to_g, x0)
-    x0_shape = jax.eval_shape(lambda x: x, x0)
+    g0_shape = jax.eval_shape(to_g, y0)
+    y0_shape = jax.eval_shape(lambda x: x, y0)
     # Annotated: jaxlib has no stubs, so mypy cannot compare the treedefs it returns.
     g0_structure: PyTreeDef = jax.tree.structure(g0_shape)
-    if g0_structure != jax.tree.structure(x0_shape) or any(
+    if g0_structure != jax.tree.structure(y0_shape) or any(
         a.shape != b.shape
-        for a, b in zip(jax.tree.leaves(g0_shape), jax.tree.leaves(x0_shape), strict=True)
+        for a, b in zip(jax.tree.leaves(g0_shape), jax.tree.leaves(y0_shape), strict=True)
     ):
         raise ValueError(
             "activation(x) must return the same structure and shapes as x: "
             f"got {jax.tree.map(lambda s: s.shape, g0_shape)} for x of "
-            f"{jax.tree.map(lambda s: s.shape, x0_shape)}"
+            f"{jax.tree.map(lambda s: s.shape, y0_shape)}"
         )
 
     def energy_at(g, x):
         return energy(x, g, args) if with_state else energy(g, args)
 
-    check_energy_output(lambda g, args: energy_at(g, x0), g0_shape, args)
+    check_energy_output(lambda g, args: energy_at(g, y0), g0_shape, args)
     value_and_force = jax.value_and_grad(energy_at)
 
     def step(carry, t):
@@ -188,8 +190,8 @@ def descend(
         size = rms(ravel_pytree(update)[0])
         return (x_next, size), ((value, x) if return_trajectory else value)
 
-    zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(x0)))
-    (x_final, size), history = jax.lax.scan(step, (x0, zero), jnp.arange(num_steps))
+    zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(y0)))
+    (x_final, size), history = jax.lax.scan(step, (y0, zero), jnp.arange(num_steps))
     energies, trajectory = collect_history(
         history, x_final, energy_at(to_g(x_final), x_final), return_trajectory
     )
@@ -201,7 +203,7 @@ def descend(
         x_final, energies, trajectory = error_if(
             (x_final, energies, trajectory),
             ~finite & start_ok,
-            "ea.descend: the descent diverged: the energy was finite at x0 and became NaN or "
+            "ea.descend: the descent diverged: the energy was finite at y0 and became NaN or "
             "inf during the descent; the step size is probably too large (lower step_size), "
             "or the energy is unbounded below. Pass throw=False to inspect "
             "Solution.energies.",
@@ -212,8 +214,8 @@ def descend(
             [("energy", energy), ("args", args)],
             "ea.descend: the energy is NaN or inf at the initial state, before any step: "
             "{} contains NaN or inf (not a step-size problem)",
-            "ea.descend: the energy is NaN or inf at the initial state x0 (which is finite), "
-            "before any step: x0 lies outside the energy's domain, or arrays the energy "
+            "ea.descend: the energy is NaN or inf at the initial state y0 (which is finite), "
+            "before any step: y0 lies outside the energy's domain, or arrays the energy "
             "closes over contain NaN or inf (not a step-size problem)",
         )
     # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
@@ -239,17 +241,17 @@ def _normal_like(key: PRNGKeyArray, x: State) -> State:
     return jax.tree.unflatten(treedef, noise)
 
 
-def _step_sizes(step_size: Any, x0: State) -> State:
-    """One positive step size per leaf of `x0`, from a scalar or a pytree like `x0`."""
+def _step_sizes(step_size: Any, y0: State) -> State:
+    """One positive step size per leaf of `y0`, from a scalar or a pytree like `y0`."""
     # Annotated: jaxlib has no stubs, so mypy cannot compare the treedefs it returns.
     structure: PyTreeDef = jax.tree.structure(step_size)
     if structure == jax.tree.structure(0.0):
         step_size = check_positive("step_size", step_size)
-        return jax.tree.map(lambda _: step_size, x0)
-    if structure != jax.tree.structure(x0):
+        return jax.tree.map(lambda _: step_size, y0)
+    if structure != jax.tree.structure(y0):
         raise ValueError(
-            "step_size must be a scalar or a pytree with the structure of x0 (one step size "
-            f"per leaf), got {jax.tree.structure(step_size)} for x0 of "
-            f"{jax.tree.structure(x0)}"
+            "step_size must be a scalar or a pytree with the structure of y0 (one step size "
+            f"per leaf), got {jax.tree.structure(step_size)} for y0 of "
+            f"{jax.tree.structure(y0)}"
         )
     return jax.tree.map(lambda a: check_positive("step_size", a), step_size)

@@ -10,6 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
+from .._deprecated import renamed_keywords
 from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
@@ -143,10 +144,11 @@ class LBFGS(AbstractLineSearchSolver):
         return y, state.size, stats, {}
 
 
+@renamed_keywords("ea.minimise", x0="y0")
 @compiled_when_eager
 def minimise(
     energy: Callable[[State, Any], Float[Array, ""]],
-    x0: State,
+    y0: State,
     args: Any = None,
     *,
     solver: AbstractIterativeSolver | None = None,
@@ -185,7 +187,7 @@ def minimise(
 
     - `energy`: `energy(x, args) -> scalar`, e.g. an
       [`AbstractEnergy`][energyattn.AbstractEnergy].
-    - `x0`: the start, a floating-point array or pytree of arrays.
+    - `y0`: the start, a floating-point array or pytree of arrays.
     - `args`: passed to the energy unchanged.
     - `solver`: [`LBFGS`][energyattn.LBFGS] (default), [`Newton`][energyattn.Newton], or a
       fixed-point solver on the gradient map.
@@ -215,13 +217,13 @@ def minimise(
         (2021): attention as the response of a system that settles into its energy minimum.
     """
     solver = LBFGS() if solver is None else solver
-    x0 = check_initial(x0, "x0")
+    y0 = check_initial(y0, "y0")
     energy, aux = split_aux(energy, has_aux, "ea.minimise")
 
     def check(solution: Solution) -> Solution:
         # Measured outside the solver, so it holds for every solver (and differentiates).
         value = energy(solution.value, args)
-        start = no_grad(energy(x0, args))
+        start = no_grad(energy(y0, args))
         eps = jnp.finfo(value.dtype).eps
         slack = 16 * eps * (jnp.abs(start) + jnp.abs(value))
         uphill = (solution.result == RESULTS.successful) & ~(value <= start + slack)
@@ -240,7 +242,7 @@ def minimise(
             return jax.tree.map(lambda xi, gi: xi - alpha.astype(xi.dtype) * gi, x, g)
 
         kind, fn = FixedPointProblem, gradient_step
-        check_energy_output(energy, x0, args)
+        check_energy_output(energy, y0, args)
     else:
         if step_size is not None:
             raise ValueError(
@@ -251,14 +253,14 @@ def minimise(
     return solve_problem(
         kind,
         fn,
-        x0,
+        y0,
         args,
         solver=solver,
         adjoint=adjoint,
         max_steps=max_steps,
         throw=throw,
         entry="ea.minimise",
-        y0_name="x0",
+        y0_name="y0",
         check=check,
         aux=aux,
     )

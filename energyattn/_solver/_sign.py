@@ -12,6 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_shape, concrete_value, positive_int
 from .._custom_types import Scalar
+from .._deprecated import renamed_keywords
 from ._descend import collect_history, trajectory_flag
 from ._iterate import check_energy_output, ok_result
 from ._solution import Solution
@@ -25,9 +26,10 @@ def _flip_choice(energy: Callable, s: Array, i: Array, args: Any) -> Array:
     return jnp.where(e_plus < e_minus, 1.0, jnp.where(e_minus < e_plus, -1.0, s[i])).astype(s.dtype)
 
 
+@renamed_keywords("ea.sign_descend", s0="y0")
 def sign_descend(
     energy: Callable[[Float[Array, " dim"], Any], Scalar],
-    s0: Float[Array, " dim"],
+    y0: Float[Array, " dim"],
     args: Any = None,
     *,
     num_sweeps: int,
@@ -55,7 +57,7 @@ def sign_descend(
     **Arguments:**
 
     - `energy`: any `energy(s, args) -> scalar` of a state `s` of shape `(dim,)`.
-    - `s0`: the initial ±1 state, shape `(dim,)`, floating point.
+    - `y0`: the initial ±1 state, shape `(dim,)`, floating point.
     - `args`: passed to the energy.
     - `num_sweeps`: number of sweeps (each updates every unit once), $\ge 0$.
     - `synchronous`: update all units at once.
@@ -78,23 +80,23 @@ def sign_descend(
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_sweeps = positive_int("num_sweeps", num_sweeps, minimum=0)
-    check_shape("s0", s0, "dim")
-    s0 = jnp.asarray(s0)
-    if not jnp.issubdtype(s0.dtype, jnp.floating):
-        s0 = s0.astype(jnp.result_type(float))
-    concrete = concrete_value(s0)
+    check_shape("y0", y0, "dim")
+    y0 = jnp.asarray(y0)
+    if not jnp.issubdtype(y0.dtype, jnp.floating):
+        y0 = y0.astype(jnp.result_type(float))
+    concrete = concrete_value(y0)
     if concrete is not None:
         bad = concrete[np.abs(concrete) != 1]
         if bad.size:
-            raise ValueError(f"s0 must hold only -1 and +1, got {bad[:5].tolist()}")
+            raise ValueError(f"y0 must hold only -1 and +1, got {bad[:5].tolist()}")
     else:
-        s0 = eqx.error_if(s0, ~jnp.all(jnp.abs(s0) == 1), "s0 must hold only -1 and +1")
-    check_energy_output(energy, s0, args)
+        y0 = eqx.error_if(y0, ~jnp.all(jnp.abs(y0) == 1), "y0 must hold only -1 and +1")
+    check_energy_output(energy, y0, args)
     if synchronous and key is not None:
         raise ValueError(
             "key sets the unit order of asynchronous sweeps; synchronous sweeps have none"
         )
-    dim = s0.shape[0]
+    dim = y0.shape[0]
     indices = jnp.arange(dim)
 
     def sweep(carry, sweep_key):
@@ -112,8 +114,8 @@ def sign_descend(
         return (s_next, flipped), ((energy(s, args), s) if return_trajectory else energy(s, args))
 
     sweep_keys = None if key is None else jr.split(key, num_sweeps)
-    zero = jnp.zeros((), s0.dtype)
-    (s_final, flipped), history = jax.lax.scan(sweep, (s0, zero), sweep_keys, length=num_sweeps)
+    zero = jnp.zeros((), y0.dtype)
+    (s_final, flipped), history = jax.lax.scan(sweep, (y0, zero), sweep_keys, length=num_sweeps)
     energies, trajectory = collect_history(
         history, s_final, energy(s_final, args), return_trajectory
     )

@@ -14,6 +14,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_image_shape, check_pixels, num_corrupted, positive_int, shape_str
 from .._custom_types import Normalisation, Scalar, ScalarLike
+from .._deprecated import renamed_keywords
 from ..data import SpinPatchEmbedding, add_rescaled_noise, patchify, random_patch_mask, unpatchify
 from ..nn import AttractorAttention
 from ._training import TrainResult, fit
@@ -227,12 +228,13 @@ def _project_couplings(params: PyTree, static: PyTree) -> PyTree:
     return eqx.filter(layer, eqx.is_inexact_array)
 
 
+@renamed_keywords("ea.models.train_attractor", num_steps="train_steps")
 def train_attractor(
     model: AttractorImageModel,
     images: Float[ArrayLike, "n channels height width"],
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     batch_size: int = 32,
     lam: float = 5.0,
     learning_rate: float = 3e-3,
@@ -264,7 +266,7 @@ def train_attractor(
     - `model`: the initial model.
     - `images`: clean training images `(n, channels, height, width)`, pixels in $[0, 1]$.
     - `key`: PRNG key for the batches (step $s$ uses `fold_in(key, s)`).
-    - `num_steps`: optimisation steps (the paper: 20 epochs with batches of 32).
+    - `train_steps`: optimisation steps (the paper: 20 epochs with batches of 32).
     - `batch_size`: images per step.
     - `lam`: inverse temperature of the training energy (5 in the paper; the dynamics keeps
       the model's own `lam`, 1 by default).
@@ -291,7 +293,7 @@ def train_attractor(
         (tokens,),
         (batch_size, lam),
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=0.0,

@@ -13,6 +13,7 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
 from .._checks import check_finite, check_image_shape, positive_int, shape_str
+from .._deprecated import renamed_keywords
 from .._solver import RESULTS, Solution, ok_result
 from ..nn import MeanFieldAttention, SoftmaxAttention, SpinTransformerAttention
 from ._training import TrainResult, fit
@@ -259,13 +260,14 @@ def _check_images(
     return images, labels
 
 
+@renamed_keywords("ea.models.train_classifier", num_steps="train_steps")
 def train_classifier(
     model: eqx.Module,
     images: Float[ArrayLike, "n ..."],
     labels: Int[ArrayLike, " n"],
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     batch_size: int = 64,
     learning_rate: float = 3e-3,
     warmup_steps: int | None = None,
@@ -292,7 +294,7 @@ def train_classifier(
     - `model`: the initial model.
     - `images`: `(n, channels, height, width)`, or `(n, height, width)` for one channel.
     - `labels`: integer classes, shape `(n,)`.
-    - `key`, `num_steps`, `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`,
+    - `key`, `train_steps`, `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`,
       `clip_norm`, `checkpoint`, `checkpoint_every`, `time_limit`, `progress`, `callback`:
       as in [`train_inpainting`][energyattn.models.train_inpainting].
 
@@ -310,7 +312,7 @@ def train_classifier(
         (images, labels),
         (batch_size,),
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,

@@ -21,6 +21,7 @@ from .._checks import (
     python_float,
     shape_str,
 )
+from .._deprecated import renamed_keywords
 from .._energy import (
     AbstractEnergy,
     BlockSize,
@@ -775,12 +776,13 @@ def _check_sequences(model: CausalTransformer, sequences: Any, batch_size: int) 
     return sequences
 
 
+@renamed_keywords("ea.models.train_ebt", num_steps="train_steps")
 def train_ebt(
     model: EnergyBasedTransformer,
     sequences: Float[ArrayLike, "n seq token_dim"],
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     thinking_steps: int = 2,
     backprop_steps: int | None = None,
     detach_steps: bool = False,
@@ -821,7 +823,7 @@ def train_ebt(
     - `model`: the initial model.
     - `sequences`: training sequences `(n, seq, token_dim)`.
     - `key`: PRNG key (batches, starting points, noise).
-    - `num_steps`: optimisation steps.
+    - `train_steps`: optimisation steps.
     - `thinking_steps`: descent steps per prediction ($S \ge 1$).
     - `backprop_steps`: the last $K$ steps are differentiated (default: all); the earlier
       ones run without derivatives (truncated backpropagation).
@@ -869,7 +871,7 @@ def train_ebt(
         (sequences,),
         config,
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,
@@ -897,12 +899,13 @@ def _next_token_loss(
     return next_token_error(jax.vmap(model)(x), x)
 
 
+@renamed_keywords("ea.models.train_next_token", num_steps="train_steps")
 def train_next_token(
     model: CausalTransformer,
     sequences: Float[ArrayLike, "n seq token_dim"],
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     batch_size: int = 64,
     learning_rate: float = 1e-3,
     warmup_steps: int | None = None,
@@ -925,7 +928,7 @@ def train_next_token(
         (sequences,),
         (batch_size,),
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,

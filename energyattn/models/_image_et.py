@@ -14,6 +14,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_image_shape, default_dtype, positive_int, shape_str
 from .._custom_types import Scalar
+from .._deprecated import renamed_keywords
 from .._io import atomic_output, check_output_file
 from .._solver import Solution
 from ..data import patchify, unpatchify
@@ -173,7 +174,7 @@ class ImageEnergyTransformer(eqx.Module):
         *,
         step_size: float | None = None,
         num_steps: int | None = None,
-        return_trajectory: Literal[False] = False,
+        return_solution: Literal[False] = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "channels height width"]: ...
 
@@ -185,10 +186,11 @@ class ImageEnergyTransformer(eqx.Module):
         *,
         step_size: float | None = None,
         num_steps: int | None = None,
-        return_trajectory: Literal[True],
+        return_solution: Literal[True],
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "channels height width"], Solution]: ...
 
+    @renamed_keywords("ea.models.ImageEnergyTransformer", return_trajectory="return_solution")
     def __call__(
         self,
         image: Float[ArrayLike, "channels height width"],
@@ -196,7 +198,7 @@ class ImageEnergyTransformer(eqx.Module):
         *,
         step_size: float | None = None,
         num_steps: int | None = None,
-        return_trajectory: bool = False,
+        return_solution: bool = False,
         key: PRNGKeyArray | None = None,
     ) -> (
         Float[Array, "channels height width"]
@@ -210,21 +212,21 @@ class ImageEnergyTransformer(eqx.Module):
         - `mask`: boolean `(num_patches,)`, `True` for the patches to hide (see
           [`random_patch_mask`][energyattn.data.random_patch_mask]).
         - `step_size`, `num_steps`: override the transformer's $\\alpha$ and $T$.
-        - `return_trajectory`: also return the descent's [`Solution`][energyattn.Solution]
+        - `return_solution`: also return the descent's [`Solution`][energyattn.Solution]
           (energies per step in `energies`, the tokens of every step in `trajectory`).
         - `key`: unused; accepted for Equinox compatibility.
 
         **Returns:**
 
         The reconstructed image, same shape as `image` (every patch is decoded; the masked
-        ones are the inpainting); with `return_trajectory=True` also the descent.
+        ones are the inpainting); with `return_solution=True` also the descent.
         """
         tokens = self.prepare(self.encode(image), mask)
         descent = self.transformer.recall(
-            tokens, step_size=step_size, num_steps=num_steps, return_trajectory=return_trajectory
+            tokens, step_size=step_size, num_steps=num_steps, return_trajectory=return_solution
         )
         reconstruction = self.decode(descent.value[1:])
-        return (reconstruction, descent) if return_trajectory else reconstruction
+        return (reconstruction, descent) if return_solution else reconstruction
 
 
 def masked_patch_mse(

@@ -17,16 +17,18 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_positive, positive_int, runtime_message, shape_str
+from .._deprecated import renamed_keywords
 from .._io import atomic_output, check_output_file
 from .._train import train_step
 from ..data import random_patch_mask
 from ._image_et import ImageEnergyTransformer, masked_patch_error, masked_patch_mse
 
 
+@renamed_keywords("ea.models.make_optimizer", num_steps="train_steps")
 def make_optimizer(
     learning_rate: float,
     *,
-    num_steps: int,
+    train_steps: int,
     warmup_steps: int | None = None,
     weight_decay: float = 1e-4,
     clip_norm: float = 1.0,
@@ -34,16 +36,16 @@ def make_optimizer(
     r"""AdamW with a warm-up-cosine learning rate and global-norm gradient clipping.
 
     The learning rate rises linearly from 0 to `learning_rate` over `warmup_steps` (default
-    5% of `num_steps`, at least 1), then decays along a cosine to 0 at `num_steps`. Gradients
-    are clipped to a global norm of `clip_norm` first. Every `num_steps >= 1` is valid: the
-    warm-up is clamped to `num_steps - 1` steps, so the schedule always reaches its peak and
-    a single step (`num_steps=1`) runs at `learning_rate`.
+    5% of `train_steps`, at least 1), then decays along a cosine to 0 at `train_steps`. Gradients
+    are clipped to a global norm of `clip_norm` first. Every `train_steps >= 1` is valid: the
+    warm-up is clamped to `train_steps - 1` steps, so the schedule always reaches its peak and
+    a single step (`train_steps=1`) runs at `learning_rate`.
 
     **Arguments:**
 
     - `learning_rate`: peak learning rate.
-    - `num_steps`: total number of optimisation steps.
-    - `warmup_steps`: steps of linear warm-up (clamped to `num_steps - 1`).
+    - `train_steps`: total number of optimisation steps.
+    - `warmup_steps`: steps of linear warm-up (clamped to `train_steps - 1`).
     - `weight_decay`: AdamW's decoupled weight decay.
     - `clip_norm`: maximum global norm of the gradients.
 
@@ -51,14 +53,14 @@ def make_optimizer(
 
     An `optax.GradientTransformation`.
     """
-    num_steps = positive_int("num_steps", num_steps)
-    warmup_steps = max(1, num_steps // 20) if warmup_steps is None else warmup_steps
+    train_steps = positive_int("train_steps", train_steps)
+    warmup_steps = max(1, train_steps // 20) if warmup_steps is None else warmup_steps
     warmup_steps = positive_int("warmup_steps", warmup_steps, minimum=0)
     # optax needs a cosine part of at least one step (`decay_steps > warmup_steps`).
-    warmup_steps = min(warmup_steps, num_steps - 1)
+    warmup_steps = min(warmup_steps, train_steps - 1)
     return _optimizer(
         float(check_positive("learning_rate", learning_rate)),
-        num_steps,
+        train_steps,
         warmup_steps,
         float(weight_decay),
         float(check_positive("clip_norm", clip_norm)),
@@ -67,7 +69,7 @@ def make_optimizer(
 
 @functools.lru_cache(maxsize=32)
 def _optimizer(
-    learning_rate: float, num_steps: int, warmup_steps: int, weight_decay: float, clip_norm: float
+    learning_rate: float, train_steps: int, warmup_steps: int, weight_decay: float, clip_norm: float
 ) -> optax.GradientTransformation:
     # Cached: the same settings give the same (hashable) optimiser object, so a compiled
     # training step is reused across calls of `train_inpainting` instead of recompiled.
@@ -75,7 +77,7 @@ def _optimizer(
         init_value=0.0,
         peak_value=learning_rate,
         warmup_steps=warmup_steps,
-        decay_steps=num_steps,
+        decay_steps=train_steps,
         end_value=0.0,
     )
     return optax.chain(
@@ -218,7 +220,7 @@ class TrainResult(eqx.Module):
     - `model`: the trained model.
     - `losses`: the training loss of every step run in this call, shape `(steps_run,)`.
     - `step`: the number of optimisation steps done in total (including resumed ones).
-    - `finished`: whether `step == num_steps` (`False` when the time limit stopped it).
+    - `finished`: whether `step == train_steps` (`False` when the time limit stopped it).
     - `state`: what the loss carried from step to step (e.g. an energy-based transformer's
       replay buffer), or `None`.
     """
@@ -273,7 +275,7 @@ def fit(
     config: tuple,
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     learning_rate: float,
     warmup_steps: int | None,
     weight_decay: float,
@@ -303,11 +305,11 @@ def fit(
     """
     if checkpoint is not None:
         checkpoint = check_output_file(checkpoint, what="checkpoint")
-    num_steps = positive_int("num_steps", num_steps)
+    train_steps = positive_int("train_steps", train_steps)
     checkpoint_every = positive_int("checkpoint_every", checkpoint_every)
     optimizer = make_optimizer(
         learning_rate,
-        num_steps=num_steps,
+        train_steps=train_steps,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,
         clip_norm=clip_norm,
@@ -335,7 +337,7 @@ def fit(
             f"{saved_step})"
         )
         return FloatingPointError(
-            f"training diverged at step {step} of {num_steps}: {what}; lower the learning "
+            f"training diverged at step {step} of {train_steps}: {what}; lower the learning "
             f"rate (learning_rate={learning_rate}) or the model's step size{kept}"
         )
 
@@ -370,17 +372,17 @@ def fit(
         args = (loss_fn, optimizer, params, static, opt_state, *carried, jr.fold_in(key, step))
         return (*args, data, config), dict(project=project, has_state=state is not None)
 
-    if time_limit is not None and start < num_steps:
+    if time_limit is not None and start < train_steps:
         # The time limit counts training, not compilation: compile the step ahead of time
         # (JAX keeps the executable for the calls below), then start the clock.
         args, kwargs = step_arguments(start)
         # eqx.filter_jit's wrapper has `lower`; its annotation is the wrapped function's.
         train_step.lower(*args, **kwargs).compile()  # type: ignore[attr-defined]
     began = time.perf_counter()
-    bar = _progress(num_steps, start, progress)
+    bar = _progress(train_steps, start, progress)
     step = start
     try:
-        while step < num_steps:
+        while step < train_steps:
             if time_limit is not None and time.perf_counter() - began > time_limit:
                 break
             try:
@@ -426,17 +428,18 @@ def fit(
         model=eqx.combine(params, static),
         losses=history,
         step=done,
-        finished=done == num_steps,
+        finished=done == train_steps,
         state=state,
     )
 
 
+@renamed_keywords("ea.models.train_inpainting", num_steps="train_steps")
 def train_inpainting(
     model: ImageEnergyTransformer,
     images: Float[ArrayLike, "n channels height width"],
     *,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     num_masked: int,
     batch_size: int = 64,
     learning_rate: float = 3e-3,
@@ -466,7 +469,7 @@ def train_inpainting(
     - `model`: the initial model.
     - `images`: training images, shape `(n, channels, height, width)`.
     - `key`: a JAX PRNG key (batches and masks).
-    - `num_steps`: total optimisation steps (the schedule's length); any number `>= 1`.
+    - `train_steps`: total optimisation steps (the schedule's length); any number `>= 1`.
     - `num_masked`: patches masked per image.
     - `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`, `clip_norm`: the
       optimisation settings.
@@ -510,7 +513,7 @@ def train_inpainting(
         (images,),
         (batch_size, num_masked),
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,

@@ -12,6 +12,7 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_image_shape, positive_int
+from .._deprecated import renamed_keywords
 from ..data import patchify, unpatchify
 from ._attractor import Task, _check_images, _check_task, corrupt_image
 from ._training import TrainResult, fit
@@ -191,13 +192,14 @@ def _reconstruction_loss(
     return jnp.mean(jnp.square(outputs - batch))
 
 
+@renamed_keywords("ea.models.train_reconstruction", num_steps="train_steps")
 def train_reconstruction(
     model: PatchTransformer,
     images: Float[ArrayLike, "n channels height width"],
     *,
     task: Task,
     key: PRNGKeyArray,
-    num_steps: int,
+    train_steps: int,
     min_iterations: int = 1,
     max_iterations: int = 1,
     batch_size: int = 64,
@@ -257,7 +259,7 @@ def train_reconstruction(
         (images,),
         config,
         key=key,
-        num_steps=num_steps,
+        train_steps=train_steps,
         learning_rate=learning_rate,
         warmup_steps=warmup_steps,
         weight_decay=weight_decay,

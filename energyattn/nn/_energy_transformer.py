@@ -17,6 +17,7 @@ from .._checks import (
     python_float,
 )
 from .._custom_types import Scalar
+from .._deprecated import renamed_keywords
 from .._energy import (
     Implementation,
     SumEnergy,
@@ -319,7 +320,7 @@ class EnergyTransformer(eqx.Module):
         x: Float[ArrayLike, "seq dim"],
         *,
         mask: Bool[ArrayLike, "seq seq"] | None = None,
-        return_trajectory: Literal[False] = False,
+        return_solution: Literal[False] = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq dim"]: ...
 
@@ -329,30 +330,31 @@ class EnergyTransformer(eqx.Module):
         x: Float[ArrayLike, "seq dim"],
         *,
         mask: Bool[ArrayLike, "seq seq"] | None = None,
-        return_trajectory: Literal[True],
+        return_solution: Literal[True],
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq dim"], Solution]: ...
 
+    @renamed_keywords("ea.nn.EnergyTransformer", return_trajectory="return_solution")
     def __call__(
         self,
         x: Float[ArrayLike, "seq dim"],
         *,
         mask: Bool[ArrayLike, "seq seq"] | None = None,
-        return_trajectory: bool = False,
+        return_solution: bool = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq dim"] | tuple[Float[Array, "seq dim"], Solution]:
         """**Arguments:**
 
         - `x`: tokens, shape `(seq, dim)`.
         - `mask`: optional boolean `(seq, seq)` attention mask.
-        - `return_trajectory`: also return the descent's [`Solution`][energyattn.Solution]
+        - `return_solution`: also return the descent's [`Solution`][energyattn.Solution]
           (`energies` and `trajectory`).
         - `key`: unused (no randomness); accepted for Equinox layer compatibility.
 
         **Returns:**
 
         The tokens after `num_steps` steps, $x_T$ (read them out through `layer_norm`); with
-        `return_trajectory=True` also the descent.
+        `return_solution=True` also the descent.
         """
-        descent = self.recall(x, mask, return_trajectory=return_trajectory)
-        return (descent.value, descent) if return_trajectory else descent.value
+        descent = self.recall(x, mask, return_trajectory=return_solution)
+        return (descent.value, descent) if return_solution else descent.value

@@ -9,6 +9,7 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import default_dtype, error_if_nonfinite, positive_int, python_float
+from .._deprecated import renamed_keywords
 from .._energy import (
     BlockSize,
     HopfieldEnergy,
@@ -133,7 +134,7 @@ class HopfieldAttention(eqx.Module):
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
         mask: Bool[ArrayLike, "seq mem"] | None = None,
-        return_trajectory: Literal[False] = False,
+        return_solution: Literal[False] = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq query_dim"]: ...
 
@@ -144,17 +145,18 @@ class HopfieldAttention(eqx.Module):
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
         mask: Bool[ArrayLike, "seq mem"] | None = None,
-        return_trajectory: Literal[True],
+        return_solution: Literal[True],
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq query_dim"], Solution]: ...
 
+    @renamed_keywords("ea.nn.HopfieldAttention", return_trajectory="return_solution")
     def __call__(
         self,
         x: Float[ArrayLike, "seq query_dim"],
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
         mask: Bool[ArrayLike, "seq mem"] | None = None,
-        return_trajectory: bool = False,
+        return_solution: bool = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq query_dim"] | tuple[Float[Array, "seq query_dim"], Solution]:
         """**Arguments:**
@@ -163,13 +165,13 @@ class HopfieldAttention(eqx.Module):
         - `context`: inputs of the keys, shape `(mem, context_dim)`; default `x`
           (self-attention, keys held fixed during the descent).
         - `mask`: optional boolean `(seq, mem)`, `True` where attending is allowed.
-        - `return_trajectory`: also return the per-head [`Solution`][energyattn.Solution]
+        - `return_solution`: also return the per-head [`Solution`][energyattn.Solution]
           of the descent.
         - `key`: unused (no randomness); accepted for Equinox layer compatibility.
 
         **Returns:**
 
-        The output, shape `(seq, query_dim)`; with `return_trajectory=True` also the descent,
+        The output, shape `(seq, query_dim)`; with `return_solution=True` also the descent,
         whose leaves carry a leading `heads` axis: `energies` `(heads, num_steps + 1)` and
         `trajectory` `(heads, num_steps + 1, seq, head_dim)` (queries in head space, before
         the output projection).
@@ -203,13 +205,13 @@ class HopfieldAttention(eqx.Module):
                 q,
                 step_size=self.step_size,
                 num_steps=self.num_steps,
-                return_trajectory=return_trajectory,
-                throw=return_trajectory,
+                return_trajectory=return_solution,
+                throw=return_solution,
             )
 
         result = jax.vmap(descend_head)(queries, keys)
         out = project(self.output_proj, merge_heads(result.value))
-        if return_trajectory:
+        if return_solution:
             return out, result
         # The inputs were checked; a non-finite parameter is named rather than blamed on
         # the step size.
@@ -221,5 +223,5 @@ class HopfieldAttention(eqx.Module):
             "contains NaN or inf (not a step-size problem)",
             "HopfieldAttention: the output became NaN or inf during the descent (inputs and "
             "parameters are finite): the step size is probably too large for num_steps > 1; "
-            "call with return_trajectory=True to inspect the energies",
+            "call with return_solution=True to inspect the energies",
         )
