@@ -9,6 +9,7 @@ from ._attention import (
     attention_logsumexp as attention_logsumexp,
     check_block_size as check_block_size,
     check_implementation as check_implementation,
+    naive_on_cpu as naive_on_cpu,
     select_implementation as select_implementation,
 )
 from ._base import (

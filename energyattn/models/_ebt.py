@@ -27,6 +27,7 @@ from .._energy import (
     BlockSize,
     attention_logsumexp,
     check_block_size,
+    naive_on_cpu,
     select_implementation,
 )
 from .._sharding import sequence_axis
@@ -85,14 +86,14 @@ def causal_attention(
         def explicit():
             return _explicit_causal_attention(q, k, v, scale, own)
 
-        if method == "naive" or (method == "small" and jnp.dtype(q.dtype).itemsize > 4):
+        if method == "naive":
             return explicit()
         if method == "small":
-            # Naive where the program is lowered for a CPU, the kernels on GPUs and TPUs.
-            def kernels():
-                return _gradient_attention(q, k, v, scale, own, "blockwise", block_size)
-
-            return jax.lax.platform_dependent(cpu=explicit, default=kernels)
+            return naive_on_cpu(
+                explicit,
+                lambda: _gradient_attention(q, k, v, scale, own, "blockwise", block_size),
+                jnp.promote_types(jnp.result_type(q, k), jnp.float32),
+            )
     return _gradient_attention(q, k, v, scale, own, method, block_size)
 
 

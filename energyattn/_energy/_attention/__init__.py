@@ -9,6 +9,7 @@ from ._logsumexp import (
     ring_lse as ring_lse,
 )
 from ._naive import masked_logsumexp as masked_logsumexp
+from ._passes import naive_on_cpu as naive_on_cpu
 from ._policy import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     BlockSize as BlockSize,

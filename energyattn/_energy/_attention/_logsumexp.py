@@ -1,6 +1,5 @@
 """The attention log-sum-exp every softmax energy is made of: the entry points."""
 
-import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float
@@ -12,7 +11,7 @@ from . import _policy
 from ._blocks import Structure
 from ._derivatives import attention_forward
 from ._naive import naive_lse
-from ._passes import Config
+from ._passes import Config, naive_on_cpu
 from ._policy import BlockSizes, Implementation, as_block_sizes, select_implementation
 from ._ring import RingAxis
 
@@ -63,17 +62,10 @@ def lse_rows(
     seq, mem = q.shape[0], k.shape[0]
     if method == "small":
         config = _config("blockwise", structure, block_size, seq, seq, mem)
-
-        # The naive program where the program is lowered for a CPU, the kernels (`"blockwise"`
-        # there) on GPUs and TPUs; float64 is naive everywhere (the kernels' XLA fallback
-        # would be the loop).
-        def naive():
-            return naive_lse(q, k, beta, mask, structure)
-
-        if jnp.dtype(beta.dtype).itemsize > 4:
-            return naive()
-        return jax.lax.platform_dependent(
-            cpu=naive, default=lambda: attention_forward(q, k, beta, mask, config)[0]
+        return naive_on_cpu(
+            lambda: naive_lse(q, k, beta, mask, structure),
+            lambda: attention_forward(q, k, beta, mask, config)[0],
+            beta.dtype,
         )
     config = _config(method, structure, block_size, seq, seq, mem)
     return attention_forward(q, k, beta, mask, config)[0]

@@ -187,6 +187,15 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
     return _on_platform(config, one_device, kernel, q, k, beta, lse, mask, tuple(arrays))
 
 
+def naive_on_cpu(naive, kernels, dtype):
+    """The `"small"` path: `naive()` where the program is lowered for a CPU, `kernels()` (the
+    blockwise path, the Pallas kernels there) where it is lowered for a GPU or TPU; `naive()`
+    everywhere for 64-bit `dtype`, which the kernels do not take."""
+    if jnp.dtype(dtype).itemsize > 4:
+        return naive()
+    return jax.lax.platform_dependent(cpu=naive, default=kernels)
+
+
 def _in_order(terms, rows, cols):
     rows, cols = iter(rows), iter(cols)
     return tuple(next(rows) if t.row else next(cols) for t in terms)

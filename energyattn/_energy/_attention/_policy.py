@@ -186,7 +186,7 @@ def as_block_sizes(block_size: BlockSize) -> BlockSizes:
         return BlockSizes()
     if isinstance(block_size, BlockSizes):
         return block_size
-    if isinstance(block_size, (float, complex, str)) or not hasattr(block_size, "__index__"):
+    if not hasattr(block_size, "__index__"):
         raise TypeError(
             f"block_size must be an int, an energyattn.BlockSizes or None, got {block_size!r}"
         )
