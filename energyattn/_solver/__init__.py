@@ -1,6 +1,7 @@
 # The engine's interface to the rest of the package (the spin model's saddle point, layers and
 # models that report solver results); not re-exported by `energyattn` itself.
 from ._adjoint import (
+    DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS,
     AbstractAdjoint as AbstractAdjoint,
     ImplicitAdjoint as ImplicitAdjoint,
     PhantomAdjoint as PhantomAdjoint,

@@ -258,6 +258,9 @@ def check_solver(solver: Any, kind: type[AbstractProblem], entry: str) -> Abstra
 #: The largest `max_steps`: the loop counts steps in int32.
 MAX_STEPS_LIMIT = 2**31 - 2
 
+#: Every solver entry point's default `max_steps` (one value across the package).
+DEFAULT_MAX_STEPS = 256
+
 
 def solve_problem(
     kind: type[AbstractProblem],
