@@ -1,6 +1,6 @@
-"""What every command shares: argument types, the help formatter, the output folder, and the
-way a command runs (output checked first, errors as one line, the time-limit note, the line
-printed on Ctrl-C)."""
+"""What every command shares: argument types, the help formatter, the output folder, the
+flags several commands take (and the training options they set), and the way a command runs
+(output checked first, errors as one line, the time-limit note, the line printed on Ctrl-C)."""
 
 import argparse
 import dataclasses
