@@ -307,7 +307,7 @@ def test_bad_images_raise(getkey, user_mode):
             key=getkey(),
             train_steps=1,
             batch_size=2,
-            progress=False,
+            options=ea.models.TrainOptions(progress=False),
         )
 
 
@@ -343,7 +343,9 @@ def trained_attractor():
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images[:200], np.float32)[:, None]
     model = AttractorImageModel(dim=32, num_steps=20, key=jr.key(0), dtype=jnp.float32)
-    result = train_attractor(model, train, key=jr.key(1), train_steps=300, progress=False)
+    result = train_attractor(
+        model, train, key=jr.key(1), train_steps=300, options=ea.models.TrainOptions(progress=False)
+    )
     curves = {
         task: reconstruction_curves(result.model, test, task=task, key=jr.key(2), num_steps=20)
         for task in ("masked", "denoise")
@@ -402,8 +404,7 @@ def test_baselines_train_and_iterate(getkey):
         min_iterations=2,
         max_iterations=3,
         batch_size=32,
-        learning_rate=3e-3,
-        progress=False,
+        options=ea.models.TrainOptions(learning_rate=3e-3, progress=False),
     )
     losses = np.asarray(result.losses)
     assert losses[-10:].mean() < losses[:5].mean()
@@ -429,7 +430,7 @@ def test_baselines_train_and_iterate(getkey):
             train_steps=1,
             min_iterations=3,
             max_iterations=1,
-            progress=False,
+            options=ea.models.TrainOptions(progress=False),
         )
 
 
@@ -500,7 +501,7 @@ def test_demo_reports_the_untrained_model_and_a_trivial_baseline(tmp_path):
         tasks=("masked",),
         baselines=False,
         progress=said.append,
-        progress_bar=False,
+        options=ea.models.TrainOptions(progress=False),
     )
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
     for name in ("mse_vs_iteration.png", "reconstructions_masked.png", "couplings.png"):

@@ -39,7 +39,7 @@ def test_replay_ratio_must_be_a_probability(user_mode, ratio):
             replay_capacity=2,
             replay_ratio=ratio,
             batch_size=2,
-            progress=False,
+            options=ea.models.TrainOptions(progress=False),
         )
 
 

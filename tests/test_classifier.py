@@ -47,8 +47,7 @@ def test_short_training_learns_digits():
         key=jr.key(1),
         train_steps=200,
         batch_size=32,
-        learning_rate=1e-2,
-        progress=False,
+        options=ea.models.TrainOptions(learning_rate=1e-2, progress=False),
     )
     after = ea.models.evaluate_classifier(result.model, test.images, test.labels)
     assert before["accuracy"] < 0.3
@@ -62,14 +61,26 @@ def test_checkpoint_resume_is_exact(tmp_path):
     train = load_digits("train")
     images, labels = train.images[:128], train.labels[:128]
     model = ea.models.MeanFieldClassifier(key=jr.key(0), max_steps=10)
-    kwargs = dict(key=jr.key(2), train_steps=6, batch_size=16, progress=False)
-    straight = ea.models.train_classifier(model, images, labels, **kwargs)
+    kwargs = dict(key=jr.key(2), train_steps=6, batch_size=16)
+    straight = ea.models.train_classifier(
+        model, images, labels, **kwargs, options=ea.models.TrainOptions(progress=False)
+    )
     path = tmp_path / "ckpt.eqx"
     first = ea.models.train_classifier(
-        model, images, labels, checkpoint=path, time_limit=1e-9, **kwargs
+        model,
+        images,
+        labels,
+        **kwargs,
+        options=ea.models.TrainOptions(checkpoint=path, time_limit=1e-9, progress=False),
     )
     assert not first.finished
-    resumed = ea.models.train_classifier(model, images, labels, checkpoint=path, **kwargs)
+    resumed = ea.models.train_classifier(
+        model,
+        images,
+        labels,
+        **kwargs,
+        options=ea.models.TrainOptions(checkpoint=path, progress=False),
+    )
     assert resumed.finished and resumed.step == 6
     for a, b in zip(
         jax.tree.leaves(eqx.filter(straight.model, eqx.is_inexact_array)),

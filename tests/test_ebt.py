@@ -1,6 +1,8 @@
 """Energy-based transformers: a causal energy of candidates, thinking by descent, training
 through the descent, on every attention path."""
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -210,8 +212,8 @@ def test_training_resumes_exactly_with_its_replay_buffer(tmp_path):
         batch_size=8,
         init_scale=0.5,
         replay_capacity=16,
-        progress=False,
     )
+    quiet = ea.models.TrainOptions(progress=False)
     # Stopped at step 2 (after its checkpoint) and resumed: the same model and buffer as one
     # uninterrupted run; nothing is lost.
     path = tmp_path / "ebt.eqx"
@@ -222,11 +224,16 @@ def test_training_resumes_exactly_with_its_replay_buffer(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         ea.models.train_ebt(
-            model, data, checkpoint=path, checkpoint_every=2, callback=stop, **kwargs
+            model,
+            data,
+            **kwargs,
+            options=dataclasses.replace(quiet, checkpoint=path, checkpoint_every=2, callback=stop),
         )
-    resumed = ea.models.train_ebt(model, data, checkpoint=path, **kwargs)
+    resumed = ea.models.train_ebt(
+        model, data, **kwargs, options=dataclasses.replace(quiet, checkpoint=path)
+    )
     assert resumed.step == 4 and resumed.losses.shape == (2,)
-    straight = ea.models.train_ebt(model, data, **kwargs)
+    straight = ea.models.train_ebt(model, data, **kwargs, options=quiet)
     assert (
         max_difference(
             eqx.filter((straight.model, straight.state), eqx.is_array),
@@ -287,14 +294,13 @@ def test_the_ebt_command_trains_evaluates_and_draws(tmp_path, capsys):
     metrics = run_ebt_demo(
         out,
         train_steps=24,
-        learning_rate=3e-2,
         dim=8,
         depth=1,
         batch_size=8,
         thinking_grid=(1, 2),
         candidates=(1, 2),
         num_test=4,
-        progress_bar=False,
+        options=ea.models.TrainOptions(learning_rate=3e-2, progress=False),
     )
     for kind in ("next_row_mse", "completion_mse"):
         numbers = metrics[kind]

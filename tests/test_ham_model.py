@@ -88,7 +88,12 @@ def test_training_through_the_descent_lowers_the_loss(digits):
     images, labels = digits[0], digits[1]
     model = ea.models.HAMClassifier(key=jr.PRNGKey(0), **TINY)
     result = ea.models.train_classifier(
-        model, images, labels, key=jr.PRNGKey(1), train_steps=2, learning_rate=0.1, progress=False
+        model,
+        images,
+        labels,
+        key=jr.PRNGKey(1),
+        train_steps=2,
+        options=ea.models.TrainOptions(learning_rate=0.1, progress=False),
     )
     assert result.finished and result.losses.shape == (2,)
     # The first step is the warm-up's (learning rate 0), the second moves every weight.

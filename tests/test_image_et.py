@@ -1,5 +1,6 @@
 """The image Energy Transformer: patches, masking, forward pass, training, checkpoints, npz."""
 
+import dataclasses
 import types
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def test_lyapunov_decreases_for_image_model_config(getkey):
 
 # The training of the resume test and of the held-out test below: the same model, data and
 # settings, so a process that runs both compiles the training step once.
-TRAINING = dict(train_steps=60, num_masked=4, batch_size=16, learning_rate=1e-2, progress=False)
+TRAINING = dict(train_steps=60, num_masked=4, batch_size=16)
+OPTIONS = ea.models.TrainOptions(learning_rate=1e-2, progress=False)
 
 
 def _training_images():
@@ -129,7 +131,7 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
     images = _training_images()
     model = tiny_model(jr.key(0))
     settings = TRAINING
-    straight = ea.models.train_inpainting(model, images, key=jr.key(1), **settings)
+    straight = ea.models.train_inpainting(model, images, key=jr.key(1), **settings, options=OPTIONS)
     assert straight.finished and straight.step == 60 and straight.losses.shape == (60,)
 
     # stop after 3 steps (a callback raising stands in for a crash), then resume
@@ -144,14 +146,18 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
             model,
             images,
             key=jr.key(1),
-            checkpoint=checkpoint,
-            checkpoint_every=1,
-            callback=crash,
             **settings,
+            options=dataclasses.replace(
+                OPTIONS, checkpoint=checkpoint, checkpoint_every=1, callback=crash
+            ),
         )
     assert checkpoint.exists()
     resumed = ea.models.train_inpainting(
-        tiny_model(jr.key(5)), images, key=jr.key(1), checkpoint=checkpoint, **settings
+        tiny_model(jr.key(5)),
+        images,
+        key=jr.key(1),
+        **settings,
+        options=dataclasses.replace(OPTIONS, checkpoint=checkpoint),
     )
     assert resumed.step == 60 and resumed.losses.shape == (57,)
     np.testing.assert_array_equal(resumed.losses, straight.losses[3:])
@@ -159,7 +165,11 @@ def test_training_reduces_loss_and_resumes_identically(tmp_path):
         np.testing.assert_array_equal(a, b)
     # A finished checkpoint resumes to nothing left to do.
     again = ea.models.train_inpainting(
-        model, images, key=jr.key(1), checkpoint=checkpoint, **settings
+        model,
+        images,
+        key=jr.key(1),
+        **settings,
+        options=dataclasses.replace(OPTIONS, checkpoint=checkpoint),
     )
     assert again.losses.shape == (0,) and again.finished
 
@@ -170,9 +180,8 @@ def test_time_limit_stops_early(tmp_path):
         tiny_model(jr.key(0)),
         _training_images(),
         key=jr.key(1),
-        time_limit=0.0,
-        checkpoint=tmp_path / "c.eqx",
         **TRAINING,
+        options=dataclasses.replace(OPTIONS, time_limit=0.0, checkpoint=tmp_path / "c.eqx"),
     )
     assert not result.finished and result.step == 0 and (tmp_path / "c.eqx").exists()
 
@@ -206,15 +215,8 @@ def test_time_limit_counts_training_not_compilation(monkeypatch):
             (),
             key=jr.key(0),
             train_steps=3,
-            learning_rate=0.1,
-            warmup_steps=None,
-            weight_decay=0.0,
-            clip_norm=1.0,
-            checkpoint=None,
-            checkpoint_every=100,
-            time_limit=60.0,
-            progress=False,
-            callback=None,
+            options=ea.models.TrainOptions(time_limit=60.0, progress=False),
+            default_learning_rate=0.1,
         )
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
@@ -409,7 +411,7 @@ def test_training_improves_held_out_inpainting():
     model = tiny_model(jr.key(0))
     settings = dict(num_masked=4, key=jr.key(2), mean_image=jnp.mean(train, axis=0))
     before = ea.models.evaluate_inpainting(model, test, **settings)
-    trained = ea.models.train_inpainting(model, train, key=jr.key(1), **TRAINING)
+    trained = ea.models.train_inpainting(model, train, key=jr.key(1), **TRAINING, options=OPTIONS)
     after = ea.models.evaluate_inpainting(trained.model, test, **settings)
     assert after["baseline_mse"] == before["baseline_mse"]  # same masks, same baseline
     assert after["mse"] < 0.5 * before["mse"]

@@ -380,7 +380,13 @@ def test_attention_classifier_and_command(tmp_path, capsys, user_mode):
         assert solution.value.shape == (17, 12) and solution.result == ea.RESULTS.successful
         assert (solution.num_steps > 0) == (mixer == "spin_transformer")
         result = ea.models.train_classifier(
-            model, images, labels, key=jr.key(2), train_steps=2, batch_size=4, progress=False
+            model,
+            images,
+            labels,
+            key=jr.key(2),
+            train_steps=2,
+            batch_size=4,
+            options=ea.models.TrainOptions(progress=False),
         )
         scores = ea.models.evaluate_classifier(result.model, images, labels)
         assert 0 <= scores["accuracy"] <= 1 and scores["converged"] == 1.0

@@ -23,8 +23,9 @@ def tiny_images(n=4, size=4):
     return jr.uniform(jr.key(9), (n, 1, size, size))
 
 
-def train_tiny(name, num_steps, **kwargs):
-    settings = dict(key=jr.key(1), train_steps=num_steps, batch_size=2, progress=False, **kwargs)
+def train_tiny(name, num_steps, **options):
+    options = ea.models.TrainOptions(progress=False, **options)
+    settings = dict(key=jr.key(1), train_steps=num_steps, batch_size=2, options=options)
     if name == "inpainting":
         return ea.models.train_inpainting(tiny_et(), tiny_images(), num_masked=1, **settings)
     if name == "classifier":
@@ -72,7 +73,7 @@ def test_divergence_names_the_step_and_keeps_the_checkpoint(tmp_path):
     images = tiny_images()
     first = ea.models.train_inpainting(
         tiny_et(), images, key=jr.key(1), train_steps=2, num_masked=1, batch_size=2,
-        learning_rate=1e-2, checkpoint=checkpoint, progress=False,
+        options=ea.models.TrainOptions(learning_rate=1e-2, checkpoint=checkpoint, progress=False),
     )  # fmt: skip
     assert first.finished and first.losses.shape == (2,)  # two steps work
     before = checkpoint.read_bytes()
@@ -80,15 +81,17 @@ def test_divergence_names_the_step_and_keeps_the_checkpoint(tmp_path):
     with pytest.raises(FloatingPointError, match=diverged):
         ea.models.train_inpainting(
             tiny_et(), images, key=jr.key(1), train_steps=40, num_masked=1, batch_size=2,
-            learning_rate=1e6, clip_norm=1e30, progress=False,
+            options=ea.models.TrainOptions(learning_rate=1e6, clip_norm=1e30, progress=False),
         )  # fmt: skip
     # Resuming the finished 2-step checkpoint into a 40-step run that diverges: the
     # checkpoint (written at every step) is never replaced by NaN parameters.
     with pytest.raises(FloatingPointError, match="keeps the last finite state") as error:
         ea.models.train_inpainting(
             tiny_et(), images, key=jr.key(1), train_steps=40, num_masked=1, batch_size=2,
-            learning_rate=1e6, clip_norm=1e30, checkpoint=checkpoint, checkpoint_every=1,
-            progress=False,
+            options=ea.models.TrainOptions(
+                learning_rate=1e6, clip_norm=1e30, checkpoint=checkpoint, checkpoint_every=1,
+                progress=False,
+            ),
         )  # fmt: skip
     assert "run.eqx" in str(error.value)
     state = ea.models.load_checkpoint(
@@ -116,8 +119,9 @@ def test_bad_checkpoint_path_fails_before_training(tmp_path):
     with pytest.raises(FileNotFoundError, match="/nonexistent-folder/x.eqx"):
         ea.models.train_inpainting(
             tiny_et(), tiny_images(), key=jr.key(1), train_steps=5, num_masked=1, batch_size=2,
-            checkpoint="/nonexistent-folder/x.eqx", progress=False,
-            callback=record,
+            options=ea.models.TrainOptions(
+                checkpoint="/nonexistent-folder/x.eqx", progress=False, callback=record
+            ),
         )  # fmt: skip
     with pytest.raises(IsADirectoryError, match="is a folder"):
         train_tiny("classifier", 5, checkpoint=tmp_path, callback=record)

@@ -14,15 +14,16 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array
 
+from ..models import TrainOptions
 from .common import (
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
     int_at_least,
     plural,
     run,
     say,
+    training_options,
     write_metrics,
 )
 
@@ -48,13 +49,6 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps",
-        type=int_at_least(1),
-        default=1000,
-        metavar="N",
-        help="pseudo-likelihood steps of the attractor network (batches of 32)",
-    )
-    parser.add_argument(
         "--baseline-steps",
         type=int_at_least(1),
         default=1500,
@@ -77,8 +71,12 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--no-baselines", action="store_true", help="train and evaluate the attractor only"
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches and noise")
-    add_progress_flag(parser, "the progress bars")
+    add_shared_flags(
+        parser,
+        train_steps=(1000, "pseudo-likelihood steps of the attractor network (batches of 32)"),
+        seed="seed of weights, batches and noise",
+        progress="the progress bars",
+    )
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -98,8 +96,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         tasks=tuple(args.tasks),
         baselines=not args.no_baselines,
         seed=args.seed,
+        options=training_options(args),
         progress=say,
-        progress_bar=not args.no_progress,
     )
     if metrics is None:
         return 1
@@ -217,8 +215,8 @@ def run_attractor_demo(
     tasks: tuple[str, ...] = ("masked", "denoise"),
     baselines: bool = True,
     seed: int = 0,
+    options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     r"""Train the attractor network (pseudo-likelihood, task-agnostic) and, per task, the
     recycled transformer block and the 5-layer vision transformer (backpropagation); measure
@@ -232,7 +230,8 @@ def run_attractor_demo(
     `couplings.png` into `out`.
     `tasks` picks the tasks, `baselines=False` skips the backpropagation baselines (the
     attractor network and the controls alone take seconds; each baseline minutes on a CPU
-    core).
+    core). `options` are every model's [`TrainOptions`][energyattn.models.TrainOptions]
+    (each trainer's learning rate unless they set one).
 
     **Returns:**
 
@@ -269,7 +268,7 @@ def run_attractor_demo(
         patch_size=patch_size, num_steps=num_iterations, key=jr.PRNGKey(seed), dtype=jnp.float32
     )
     result = train_attractor(
-        untrained, train, key=jr.PRNGKey(seed + 1), train_steps=train_steps, progress=progress_bar
+        untrained, train, key=jr.PRNGKey(seed + 1), train_steps=train_steps, options=options
     )
     attractor = result.model
     metrics["attractor_train_seconds"] = time.perf_counter() - began
@@ -320,7 +319,7 @@ def run_attractor_demo(
                 train_steps=baseline_steps,
                 min_iterations=low,
                 max_iterations=high,
-                progress=progress_bar,
+                options=options,
             ).model
             seconds = time.perf_counter() - began
             progress(

@@ -10,18 +10,17 @@ import equinox as eqx
 import jax.random as jr
 import numpy as np
 
+from ..models import TrainOptions
 from .common import (
-    POSITIVE,
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
-    int_at_least,
     num_parameters,
     plural,
     run,
     say,
     time_limit_note,
+    training_options,
     write_metrics,
 )
 
@@ -46,19 +45,13 @@ def add_parser(commands: Any) -> None:
         metavar="PATH",
         help="a local MNIST folder (IDX files) or mnist.npz (default: the shipped 8x8 digits)",
     )
-    parser.add_argument(
-        "--train-steps", type=int_at_least(1), default=3000, metavar="N", help="optimisation steps"
+    add_shared_flags(
+        parser,
+        train_steps=(3000, "optimisation steps"),
+        time_limit=(None, "stop training after this many seconds"),
+        seed="seed of weights and batches",
+        progress="the progress bar",
     )
-    parser.add_argument(
-        "--time-limit",
-        type=POSITIVE,
-        default=None,
-        metavar="SECONDS",
-        help="stop training after this many seconds (compilation, done first, does not count; "
-        "default: no limit)",
-    )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
-    add_progress_flag(parser)
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -72,10 +65,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         args.out,
         mnist=args.mnist,
         train_steps=args.train_steps,
-        time_limit=args.time_limit,
         seed=args.seed,
+        options=training_options(args),
         progress=say,
-        progress_bar=not args.no_progress,
     )
     if metrics is None:
         return 1
@@ -96,10 +88,9 @@ def run_classify_demo(
     *,
     mnist: str | Path | None = None,
     train_steps: int = 3000,
-    time_limit: float | None = None,
     seed: int = 0,
+    options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier] and evaluate it.
 
@@ -107,7 +98,8 @@ def run_classify_demo(
     [`load_digits`][energyattn.data.load_digits]); with `mnist` a local folder or `.npz`
     read by [`load_mnist`][energyattn.data.load_mnist] (28x28 images, 7x7 patches: 16 sites
     plus CLS). Writes `metrics.json` and the trained parameters (`model.eqx`) into `out`
-    (checked writable before the data are read).
+    (checked writable before the data are read). `options` are the training's
+    [`TrainOptions`][energyattn.models.TrainOptions].
 
     **Returns:**
 
@@ -141,11 +133,10 @@ def run_classify_demo(
         key=jr.PRNGKey(seed + 1),
         train_steps=train_steps,
         batch_size=min(64, len(train.labels)),
-        time_limit=time_limit,
-        progress=progress_bar,
+        options=options,
     )
     train_seconds = time.perf_counter() - began
-    stopped = time_limit_note(result.step, train_steps, time_limit)
+    stopped = time_limit_note(result.step, train_steps, options.time_limit)
     if stopped:
         progress(stopped)
     scores = evaluate_classifier(result.model, np.asarray(test.images, np.float32), test.labels)
@@ -157,7 +148,7 @@ def run_classify_demo(
         "train_steps_planned": train_steps,
         "train_steps": int(result.step),
         "stopped_by_time_limit": stopped is not None,
-        "time_limit": time_limit,
+        "time_limit": options.time_limit,
         "train_seconds": train_seconds,
         "final_train_loss": float(result.losses[-1]) if result.losses.size else None,
         "test": scores,

@@ -1,8 +1,9 @@
-"""What every command shares: argument types, the help formatter, the output folder, and the
-way a command runs (output checked first, errors as one line, the time-limit note, the line
-printed on Ctrl-C)."""
+"""What every command shares: argument types, the help formatter, the output folder, the
+flags several commands take (and the training options they set), and the way a command runs
+(output checked first, errors as one line, the time-limit note, the line printed on Ctrl-C)."""
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -10,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from ..models import TrainOptions
 
 #: Every command writes into its own folder under this one unless given `--out`.
 OUT_ROOT = "energyattn-out"
@@ -93,8 +96,62 @@ def add_command(
     return parser
 
 
-def add_progress_flag(parser: argparse.ArgumentParser, what: str = "the progress bar") -> None:
-    parser.add_argument("--no-progress", action="store_true", help=f"hide {what}")
+def add_shared_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    seed: str,
+    train_steps: tuple[int, str] | None = None,
+    time_limit: tuple[float | None, str] | None = None,
+    batch_size: tuple[int, str] | None = None,
+    learning_rate: tuple[float, str] | None = None,
+    progress: str | None = None,
+) -> None:
+    """Add the flags commands share, after the command's own: `--train-steps`,
+    `--time-limit`, `--batch-size`, `--learning-rate` (each given as `(default, help)`, left
+    out when `None`), `--seed` (`seed` is its help: what the seed draws) and `--no-progress`
+    (`progress` names what it hides; left out when `None`). The training flags'
+    `training_options` reads back."""
+    if train_steps is not None:
+        steps, text = train_steps
+        parser.add_argument(
+            "--train-steps", type=int_at_least(1), default=steps, metavar="N", help=text
+        )
+    if time_limit is not None:
+        limit, text = time_limit
+        unlimited = "; default: no limit" if limit is None else ""
+        parser.add_argument(
+            "--time-limit",
+            type=POSITIVE,
+            default=limit,
+            metavar="SECONDS",
+            help=f"{text} (compilation, done first, does not count{unlimited})",
+        )
+    if batch_size is not None:
+        size, text = batch_size
+        parser.add_argument(
+            "--batch-size", type=int_at_least(1), default=size, metavar="B", help=text
+        )
+    if learning_rate is not None:
+        rate, text = learning_rate
+        parser.add_argument("--learning-rate", type=POSITIVE, default=rate, metavar="LR", help=text)
+    parser.add_argument("--seed", type=SEED, default=0, help=seed)
+    if progress is not None:
+        parser.add_argument("--no-progress", action="store_true", help=f"hide {progress}")
+
+
+def training_options(args: argparse.Namespace, base: TrainOptions = TrainOptions()) -> TrainOptions:
+    """The [`TrainOptions`][energyattn.models.TrainOptions] of a command: `base` (the
+    command's own defaults) with what its flags set, `--learning-rate`, `--time-limit` and
+    `--no-progress`, where it has them."""
+    flags = vars(args)
+    given: dict[str, Any] = {}
+    if "learning_rate" in flags:
+        given["learning_rate"] = flags["learning_rate"]
+    if "time_limit" in flags:
+        given["time_limit"] = flags["time_limit"]
+    if "no_progress" in flags:
+        given["progress"] = not flags["no_progress"]
+    return dataclasses.replace(base, **given)
 
 
 def num_parameters(model: Any) -> int:

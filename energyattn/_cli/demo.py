@@ -8,6 +8,7 @@ baseline (each masked patch predicted by the mean training patch at that positio
 """
 
 import argparse
+import dataclasses
 import pathlib
 import time
 from collections.abc import Callable
@@ -22,19 +23,20 @@ import numpy as np
 import energyattn as ea
 
 from .common import (
-    POSITIVE,
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
-    int_at_least,
     number,
     plural,
     run,
     say,
     time_limit_note,
+    training_options,
     write_metrics,
 )
+
+#: The command's training options where its flags do not set them.
+OPTIONS = ea.models.TrainOptions(learning_rate=3e-3, time_limit=150.0)
 
 
 def add_parser(commands: Any) -> None:
@@ -54,38 +56,21 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps",
-        type=int_at_least(1),
-        default=2000,
-        metavar="N",
-        help="optimisation steps (length of the learning-rate schedule)",
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=POSITIVE,
-        default=150.0,
-        metavar="SECONDS",
-        help="stop training after this many seconds (compilation, done first, does not count)",
-    )
-    parser.add_argument(
         "--masked",
         type=number(lambda v: 0 < v < 1, "in (0, 1)"),
         default=0.25,
         metavar="FRAC",
         help="fraction of the 16 patches hidden in each image",
     )
-    parser.add_argument(
-        "--batch-size", type=int_at_least(1), default=64, metavar="B", help="images per step"
+    add_shared_flags(
+        parser,
+        train_steps=(2000, "optimisation steps (length of the learning-rate schedule)"),
+        time_limit=(150.0, "stop training after this many seconds"),
+        batch_size=(64, "images per step"),
+        learning_rate=(3e-3, "peak AdamW learning rate (warm-up, then cosine decay)"),
+        seed="seed of weights, batches and masks",
+        progress="the progress bar",
     )
-    parser.add_argument(
-        "--learning-rate",
-        type=POSITIVE,
-        default=3e-3,
-        metavar="LR",
-        help="peak AdamW learning rate (warm-up, then cosine decay)",
-    )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches and masks")
-    add_progress_flag(parser)
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -103,13 +88,11 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         args.out,
         flags="--learning-rate",
         train_steps=args.train_steps,
-        time_limit=args.time_limit,
         masked_fraction=args.masked,
         batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
         seed=args.seed,
+        options=training_options(args, OPTIONS),
         progress=say,
-        progress_bar=not args.no_progress,
     )
     if metrics is None:
         return 1
@@ -127,14 +110,12 @@ def run_demo(
     out_dir: str | pathlib.Path = "energyattn-out/demo",
     *,
     train_steps: int = 2000,
-    time_limit: float | None = 150.0,
     masked_fraction: float = 0.25,
     batch_size: int = 64,
-    learning_rate: float = 3e-3,
     seed: int = 0,
     num_examples: int = 10,
+    options: ea.models.TrainOptions = OPTIONS,
     progress: Callable[[str], Any] | None = None,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     r"""Train an image Energy Transformer on shipped digits, evaluate inpainting, draw it.
 
@@ -147,15 +128,13 @@ def run_demo(
       `ea.models.load_image_et("model.npz")` reads it back, see
       [`load_image_et`][energyattn.models.load_image_et]) and `metrics.json`.
     - `train_steps`: optimisation steps of the learning-rate schedule.
-    - `time_limit`: wall-clock budget of the training in seconds (the training step is
-      compiled first, and compilation does not count), or `None`; training stops early when
-      it is spent.
     - `masked_fraction`: fraction of the 16 patches hidden per image (rounded).
-    - `batch_size`, `learning_rate`: optimisation settings.
+    - `batch_size`: images per step.
     - `seed`: seed of the initial weights, batches and masks.
     - `num_examples`: columns of `inpainting.png`.
+    - `options`: the training's [`TrainOptions`][energyattn.models.TrainOptions] (default:
+      learning rate `3e-3`, a time limit of 150 s; compilation, done first, does not count).
     - `progress`: optional callback receiving one line of text per stage.
-    - `progress_bar`: show a training progress bar (tqdm).
 
     **Returns:**
 
@@ -190,6 +169,10 @@ def run_demo(
         f"Energy Transformer: dim {et.dim}, {et.w_query.shape[0]} heads of {et.w_query.shape[1]}, "
         f"{et.memories.shape[0]} memories; {et.num_steps} descent steps of size {et.step_size:g}"
     )
+    time_limit = options.time_limit
+    learning_rate = (
+        OPTIONS.learning_rate if options.learning_rate is None else options.learning_rate
+    )
     budget = "" if time_limit is None else f" (at most {time_limit:g} s)"
     say(
         f"training for {plural(train_steps, 'step')}{budget}, batch {batch_size}, AdamW lr "
@@ -202,9 +185,7 @@ def run_demo(
         train_steps=train_steps,
         num_masked=num_masked,
         batch_size=batch_size,
-        learning_rate=learning_rate,
-        time_limit=time_limit,
-        progress=progress_bar,
+        options=dataclasses.replace(options, learning_rate=learning_rate),
     )
     train_seconds = time.perf_counter() - start
     model = trained.model

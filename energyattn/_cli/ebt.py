@@ -3,6 +3,7 @@ thinking (descending its energy), next to a feed-forward transformer of the same
 in the same run, the untrained model and the mean training row."""
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,11 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from ..models import TrainOptions
 from .common import (
-    POSITIVE,
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
     int_at_least,
     num_parameters,
@@ -22,9 +22,12 @@ from .common import (
     run,
     say,
     time_limit_note,
+    training_options,
     write_metrics,
 )
 
+#: The command's training options where its flags do not set them.
+OPTIONS = TrainOptions(learning_rate=3e-3)
 #: Thinking steps and candidates the evaluation reports (the issue's grid).
 THINKING_STEPS = (1, 2, 4, 8, 16)
 CANDIDATES = (1, 4, 16)
@@ -49,22 +52,11 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps", type=int_at_least(1), default=600, metavar="N", help="steps per model"
-    )
-    parser.add_argument(
         "--thinking-steps",
         type=int_at_least(1),
         default=2,
         metavar="S",
         help="descent steps per prediction in training",
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=POSITIVE,
-        default=None,
-        metavar="SECONDS",
-        help="cap on each model's training time (compilation, done first, does not count; "
-        "default: no limit)",
     )
     parser.add_argument(
         "--test-digits",
@@ -74,8 +66,13 @@ def add_parser(commands: Any) -> None:
         help="evaluate on the first N held-out digits only (the evaluation takes most of a short "
         "run; default: all of them)",
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights, batches, noise")
-    add_progress_flag(parser, "the progress bars")
+    add_shared_flags(
+        parser,
+        train_steps=(600, "steps per model"),
+        time_limit=(None, "cap on each model's training time"),
+        seed="seed of weights, batches, noise",
+        progress="the progress bars",
+    )
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -89,11 +86,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         args.out,
         train_steps=args.train_steps,
         thinking_steps=args.thinking_steps,
-        time_limit=args.time_limit,
         num_test=args.test_digits,
         seed=args.seed,
+        options=training_options(args, OPTIONS),
         progress=say,
-        progress_bar=not args.no_progress,
         flags="--train-steps",
     )
     if metrics is None:
@@ -131,15 +127,13 @@ def run_ebt_demo(
     num_heads: int = 2,
     depth: int = 2,
     init_scale: float = 0.3,
-    learning_rate: float = 3e-3,
     batch_size: int = 64,
     thinking_grid: tuple[int, ...] = THINKING_STEPS,
     candidates: tuple[int, ...] = CANDIDATES,
     num_test: int | None = None,
-    time_limit: float | None = None,
     seed: int = 0,
+    options: TrainOptions = OPTIONS,
     progress: Callable[[str], None] = print,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Train an [`EnergyBasedTransformer`][energyattn.models.EnergyBasedTransformer] and a
     feed-forward [`CausalTransformer`][energyattn.models.CausalTransformer] with the same
@@ -156,7 +150,9 @@ def run_ebt_demo(
     Writes `thinking.png` (error against thinking steps), `completions.png` (completed digits
     and the energy of each generated row along its descent) and `metrics.json` into `out`.
     `thinking_grid`, `candidates` and `num_test` (the first held-out digits only; the
-    command's `--test-digits`) shrink the evaluation (the tests' quick run).
+    command's `--test-digits`) shrink the evaluation (the tests' quick run). `options` are
+    both models' [`TrainOptions`][energyattn.models.TrainOptions] (the learning rate is
+    `3e-3` unless they set one; a `time_limit` caps each model's training).
     """
     import equinox as eqx
     import jax
@@ -192,13 +188,10 @@ def run_ebt_demo(
     sizes: dict[str, Any] = dict(dim=dim, num_heads=num_heads, depth=depth)
     ebt0 = EnergyBasedTransformer(8, 8, init_scale=init_scale, key=jr.key(seed), **sizes)
     ff0 = CausalTransformer(8, 8, key=jr.key(seed), **sizes)
+    if options.learning_rate is None:  # the command's, not each trainer's
+        options = dataclasses.replace(options, learning_rate=OPTIONS.learning_rate)
     settings: dict[str, Any] = dict(
-        key=jr.key(seed + 1),
-        train_steps=train_steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        time_limit=time_limit,
-        progress=progress_bar,
+        key=jr.key(seed + 1), train_steps=train_steps, batch_size=batch_size, options=options
     )
     trained = {}
     runs: tuple[tuple[str, Any, Callable[..., Any], dict[str, Any]], ...] = (
@@ -216,7 +209,7 @@ def run_ebt_demo(
         began = time.perf_counter()
         result = fn(model, train, **settings, **extra)
         seconds = time.perf_counter() - began
-        stopped = time_limit_note(result.step, train_steps, time_limit)
+        stopped = time_limit_note(result.step, train_steps, options.time_limit)
         done = stopped or f"trained {plural(result.step, 'step')}"
         progress(f"{name}: {done} ({seconds:.1f} s)")
         trained[name] = (result, seconds, stopped)

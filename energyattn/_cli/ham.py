@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
+from ..models import TrainOptions
 from .common import (
     POSITIVE,
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
     int_at_least,
     num_parameters,
@@ -26,6 +26,7 @@ from .common import (
     run,
     say,
     time_limit_note,
+    training_options,
     write_metrics,
 )
 
@@ -57,13 +58,6 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps",
-        type=int_at_least(1),
-        default=2000,
-        metavar="N",
-        help="optimisation steps of each model",
-    )
-    parser.add_argument(
         "--descent-steps",
         type=int_at_least(1),
         default=10,
@@ -76,22 +70,15 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--channels", type=int_at_least(1), default=16, metavar="C", help="feature channels"
     )
-    parser.add_argument(
-        "--batch-size", type=int_at_least(1), default=64, metavar="B", help="examples per step"
+    add_shared_flags(
+        parser,
+        train_steps=(2000, "optimisation steps of each model"),
+        time_limit=(None, "stop training each model after this many seconds"),
+        batch_size=(64, "examples per step"),
+        learning_rate=(3e-3, "peak learning rate"),
+        seed="seed of weights and batches",
+        progress="the progress bars",
     )
-    parser.add_argument(
-        "--learning-rate", type=POSITIVE, default=3e-3, metavar="LR", help="peak learning rate"
-    )
-    parser.add_argument(
-        "--time-limit",
-        type=POSITIVE,
-        default=None,
-        metavar="SECONDS",
-        help="stop training each model after this many seconds (compilation, done first, does "
-        "not count; default: no limit)",
-    )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
-    add_progress_flag(parser, "the progress bars")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -109,11 +96,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         step_size=args.step_size,
         channels=args.channels,
         batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        time_limit=args.time_limit,
         seed=args.seed,
+        options=training_options(args),
         progress=say,
-        progress_bar=not args.no_progress,
     )
     if metrics is None:
         return 1
@@ -154,17 +139,16 @@ def run_ham_demo(
     step_size: float = 0.5,
     channels: int = 16,
     batch_size: int = 64,
-    learning_rate: float = 3e-3,
-    time_limit: float | None = None,
     seed: int = 0,
+    options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Train a [`HAMClassifier`][energyattn.models.HAMClassifier] and its same-size
     [`FeedforwardClassifier`][energyattn.models.FeedforwardClassifier] on the shipped digits
     (fixed 80/20 split of [`load_digits`][energyattn.data.load_digits]), with the same
-    initial weights, batches and optimiser, and evaluate them next to two controls of the
-    same run: the HAM at its initialisation and the training set's majority class.
+    initial weights, batches and optimiser (`options`, a
+    [`TrainOptions`][energyattn.models.TrainOptions]), and evaluate them next to two controls
+    of the same run: the HAM at its initialisation and the training set's majority class.
 
     Writes `metrics.json`, the trained models (`ham.eqx`, `feedforward.eqx`) and
     `descent.png` (the energy against the descent step for four test digits; the layers'
@@ -211,7 +195,7 @@ def run_ham_demo(
         "step_size": step_size,
         "num_parameters": counts,
         "train_steps_planned": train_steps,
-        "time_limit": time_limit,
+        "time_limit": options.time_limit,
         "seed": seed,
         "train_steps": {},
         "train_seconds": {},
@@ -229,13 +213,11 @@ def run_ham_demo(
             key=jr.PRNGKey(seed + 1),  # the same batches for both models
             train_steps=train_steps,
             batch_size=min(batch_size, len(train.labels)),
-            learning_rate=learning_rate,
-            time_limit=time_limit,
-            progress=progress_bar,
+            options=options,
         )
         seconds = time.perf_counter() - began
         trained[name] = result.model
-        stopped = time_limit_note(result.step, train_steps, time_limit)
+        stopped = time_limit_note(result.step, train_steps, options.time_limit)
         metrics["train_steps"][name] = int(result.step)
         metrics["train_seconds"][name] = seconds
         metrics["final_train_loss"][name] = float(result.losses[-1]) if result.losses.size else None

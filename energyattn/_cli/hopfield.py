@@ -26,8 +26,8 @@ import energyattn as ea
 
 from .common import (
     POSITIVE,
-    SEED,
     add_command,
+    add_shared_flags,
     check_out,
     int_at_least,
     number,
@@ -88,7 +88,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--beta", type=POSITIVE, default=0.5, help="inverse temperature of the modern network"
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of the corruptions and sweeps")
+    add_shared_flags(parser, seed="seed of the corruptions and sweeps")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 

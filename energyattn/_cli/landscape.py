@@ -20,7 +20,7 @@ import numpy as np
 import energyattn as ea
 
 from .._io import atomic_output
-from .common import SEED, add_command, check_out, int_at_least, run, say, write_metrics
+from .common import add_command, add_shared_flags, check_out, int_at_least, run, say, write_metrics
 from .memory import check_memory
 
 
@@ -60,7 +60,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--grid", type=int_at_least(2), default=120, metavar="P", help="landscape grid points"
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of patterns and maps")
+    add_shared_flags(parser, seed="seed of patterns and maps")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 

@@ -11,18 +11,17 @@ from typing import Any, Literal, cast
 import jax.random as jr
 import numpy as np
 
+from ..models import TrainOptions
 from .common import (
-    POSITIVE,
-    SEED,
     add_command,
-    add_progress_flag,
+    add_shared_flags,
     check_out,
-    int_at_least,
     num_parameters,
     plural,
     run,
     say,
     time_limit_note,
+    training_options,
     write_metrics,
 )
 
@@ -52,13 +51,6 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--train-steps",
-        type=int_at_least(1),
-        default=800,
-        metavar="N",
-        help="optimisation steps of each model",
-    )
-    parser.add_argument(
         "--models",
         nargs="+",
         choices=MODELS,
@@ -66,16 +58,13 @@ def add_parser(commands: Any) -> None:
         metavar="MODEL",
         help=f"the models to train, of {', '.join(MODELS)}",
     )
-    parser.add_argument(
-        "--time-limit",
-        type=POSITIVE,
-        default=None,
-        metavar="SECONDS",
-        help="cap on each model's training time (compilation, done first, does not count; "
-        "default: no limit)",
+    add_shared_flags(
+        parser,
+        train_steps=(800, "optimisation steps of each model"),
+        time_limit=(None, "cap on each model's training time"),
+        seed="seed of weights and batches",
+        progress="the progress bars",
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of weights and batches")
-    add_progress_flag(parser, "the progress bars")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 
@@ -89,10 +78,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         args.out,
         train_steps=args.train_steps,
         models=tuple(args.models),
-        time_limit=args.time_limit,
         seed=args.seed,
+        options=training_options(args),
         progress=say,
-        progress_bar=not args.no_progress,
     )
     if metrics is None:
         return 1
@@ -124,10 +112,9 @@ def run_smt_demo(
     dim: int = 24,
     num_heads: int = 4,
     patch_size: int = 2,
-    time_limit: float | None = None,
     seed: int = 0,
+    options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
-    progress_bar: bool = True,
 ) -> dict[str, Any]:
     """Train each model of `models` on scikit-learn's 8x8 digits (fixed 80/20 split) with the
     same front end (convolutional patch embedding, a CLS site, a linear head on its output),
@@ -138,7 +125,9 @@ def run_smt_demo(
     each model untrained, and the majority class.
 
     Writes `metrics.json` and `training_loss.png` into `out` (checked writable before any
-    training). `time_limit` caps each model's training (seconds).
+    training). `options` are each model's
+    [`TrainOptions`][energyattn.models.TrainOptions] (a `time_limit` caps each model's
+    training).
 
     **Returns:**
 
@@ -170,7 +159,7 @@ def run_smt_demo(
         "dataset": "digits (scikit-learn, 8x8)",
         "majority_class_accuracy": majority,
         "train_steps": train_steps,
-        "time_limit": time_limit,
+        "time_limit": options.time_limit,
         "seed": seed,
         "models": {},
     }
@@ -196,13 +185,12 @@ def run_smt_demo(
             train.labels,
             key=jr.PRNGKey(seed + 1),
             train_steps=train_steps,
-            time_limit=time_limit,
-            progress=progress_bar,
+            options=options,
         )
         seconds = time.perf_counter() - began
         scores = evaluate_classifier(result.model, test_images, test.labels)
         losses = np.asarray(result.losses)
-        stopped = time_limit_note(result.step, train_steps, time_limit)
+        stopped = time_limit_note(result.step, train_steps, options.time_limit)
         done = stopped or f"trained {plural(result.step, 'step')}"
         progress(f"{TITLES[name]}: {done} ({seconds:.1f} s)")
         curves[TITLES[name]] = _smoothed(losses, 25)

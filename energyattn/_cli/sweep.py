@@ -21,7 +21,16 @@ import numpy as np
 
 import energyattn as ea
 
-from .common import POSITIVE, SEED, add_command, check_out, int_at_least, run, say, write_metrics
+from .common import (
+    POSITIVE,
+    add_command,
+    add_shared_flags,
+    check_out,
+    int_at_least,
+    run,
+    say,
+    write_metrics,
+)
 from .memory import check_memory
 
 #: Inverse temperatures swept by default (log-spaced, high to low temperature).
@@ -69,7 +78,7 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--grid", type=int_at_least(2), default=400, metavar="P", help="points of the t sweeps"
     )
-    parser.add_argument("--seed", type=SEED, default=0, help="seed of the layer and its inputs")
+    add_shared_flags(parser, seed="seed of the layer and its inputs")
     parser.set_defaults(run=lambda args: main(args, parser))
 
 

@@ -1,8 +1,6 @@
 """The attractor image model: spin-embedded patches, bare self-attention dynamics,
 pseudo-likelihood training, and the masked-prediction / denoising tasks of the paper."""
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import equinox as eqx
@@ -14,10 +12,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_image_shape, check_pixels, num_corrupted, positive_int, shape_str
 from .._custom_types import Normalisation, Scalar, ScalarLike
-from .._deprecated import renamed_keywords
 from ..data import SpinPatchEmbedding, add_rescaled_noise, patchify, random_patch_mask, unpatchify
 from ..nn import AttractorAttention
-from ._training import TrainResult, fit
+from ._training import TrainOptions, TrainResult, fit, trainer_keywords
 
 Task = Literal["masked", "denoise"]
 TASKS: tuple[Task, ...] = ("masked", "denoise")
@@ -228,7 +225,7 @@ def _project_couplings(params: PyTree, static: PyTree) -> PyTree:
     return eqx.filter(layer, eqx.is_inexact_array)
 
 
-@renamed_keywords("ea.models.train_attractor", num_steps="train_steps")
+@trainer_keywords("ea.models.train_attractor")
 def train_attractor(
     model: AttractorImageModel,
     images: Float[ArrayLike, "n channels height width"],
@@ -237,14 +234,7 @@ def train_attractor(
     train_steps: int,
     batch_size: int = 32,
     lam: float = 5.0,
-    learning_rate: float = 3e-3,
-    warmup_steps: int | None = None,
-    clip_norm: float = 1.0,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 100,
-    time_limit: float | None = None,
-    progress: bool = True,
-    callback: Callable[[int, float], None] | None = None,
+    options: TrainOptions = TrainOptions(),
 ) -> TrainResult:
     r"""Learn the couplings by pseudo-likelihood on clean images; no backpropagation through
     the dynamics.
@@ -257,7 +247,8 @@ def train_attractor(
     projected back to its fixed norm with zero diagonal blocks
     ([`AttractorAttention.project`][energyattn.nn.AttractorAttention.project]). The optimiser is
     [`make_optimizer`][energyattn.models.make_optimizer] (Adam with global-norm gradient
-    clipping, warm-up and cosine decay; no weight decay, which the projection would undo).
+    clipping, warm-up and cosine decay; no weight decay unless `options` sets one: the
+    projection would undo it).
     The embedding is fixed, so the images are encoded once. The task is not part of training:
     one trained model serves masked prediction and denoising.
 
@@ -270,9 +261,9 @@ def train_attractor(
     - `batch_size`: images per step.
     - `lam`: inverse temperature of the training energy (5 in the paper; the dynamics keeps
       the model's own `lam`, 1 by default).
-    - `learning_rate`, `warmup_steps`, `clip_norm`: optimiser settings.
-    - `checkpoint`, `checkpoint_every`, `time_limit`, `progress`, `callback`: as in
-      [`train_inpainting`][energyattn.models.train_inpainting].
+    - `options`: the optimiser, checkpoints, time limit, progress and callback, a
+      [`TrainOptions`][energyattn.models.TrainOptions] (learning rate `3e-3` and weight
+      decay `0` unless set).
 
     **Returns:**
 
@@ -294,15 +285,9 @@ def train_attractor(
         (batch_size, lam),
         key=key,
         train_steps=train_steps,
-        learning_rate=learning_rate,
-        warmup_steps=warmup_steps,
-        weight_decay=0.0,
-        clip_norm=clip_norm,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        time_limit=time_limit,
-        progress=progress,
-        callback=callback,
+        options=options,
+        default_learning_rate=3e-3,
+        default_weight_decay=0.0,
         project=_project_couplings,
     )
     trained = eqx.tree_at(lambda m: m.attention, model, result.model)

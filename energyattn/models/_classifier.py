@@ -1,6 +1,5 @@
 """Image classification with deep implicit attention: a CLS site reads out a mean-field response."""
 
-from pathlib import Path
 from typing import Any, Literal, cast
 
 import equinox as eqx
@@ -13,10 +12,9 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
 from .._checks import check_finite, check_image_shape, positive_int, shape_str
-from .._deprecated import renamed_keywords
 from .._solver import RESULTS, Solution, ok_result
 from ..nn import MeanFieldAttention, SoftmaxAttention, SpinTransformerAttention
-from ._training import TrainResult, fit
+from ._training import TrainOptions, TrainResult, fit, trainer_keywords
 
 
 def _patch_sites(model: Any, image: Any) -> Float[Array, "sites dim"]:
@@ -260,7 +258,7 @@ def _check_images(
     return images, labels
 
 
-@renamed_keywords("ea.models.train_classifier", num_steps="train_steps")
+@trainer_keywords("ea.models.train_classifier")
 def train_classifier(
     model: eqx.Module,
     images: Float[ArrayLike, "n ..."],
@@ -269,34 +267,27 @@ def train_classifier(
     key: PRNGKeyArray,
     train_steps: int,
     batch_size: int = 64,
-    learning_rate: float = 3e-3,
-    warmup_steps: int | None = None,
-    weight_decay: float = 1e-4,
-    clip_norm: float = 1.0,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 100,
-    time_limit: float | None = None,
-    progress: bool = True,
-    callback: Any = None,
+    options: TrainOptions = TrainOptions(),
 ) -> TrainResult:
     r"""Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier], an
     [`AttentionClassifier`][energyattn.models.AttentionClassifier], or any classifier module
     with `image_shape`, `num_classes` and `model(image) -> logits`, by cross-entropy.
 
-    Each step draws `batch_size` training examples (without replacement) with the key
-    `fold_in(key, step)`, so a run resumed from its checkpoint follows the same path as an
-    uninterrupted one. Gradients flow through the fixed point by the layer's adjoint
-    (implicit by default). The optimiser is
-    [`make_optimizer`][energyattn.models.make_optimizer] (AdamW, warm-up cosine, clipping).
+    $$\min_\theta\; \mathbb E_{(x, c)}\; -\log \operatorname{softmax}(f_\theta(x))_c$$
+
+    Each step draws `batch_size` training examples (without replacement). Gradients flow
+    through the fixed point by the layer's adjoint (implicit by default).
 
     **Arguments:**
 
     - `model`: the initial model.
     - `images`: `(n, channels, height, width)`, or `(n, height, width)` for one channel.
     - `labels`: integer classes, shape `(n,)`.
-    - `key`, `train_steps`, `batch_size`, `learning_rate`, `warmup_steps`, `weight_decay`,
-      `clip_norm`, `checkpoint`, `checkpoint_every`, `time_limit`, `progress`, `callback`:
-      as in [`train_inpainting`][energyattn.models.train_inpainting].
+    - `key`: PRNG key (the batches).
+    - `train_steps`: optimisation steps (the schedule's length); any number `>= 1`.
+    - `batch_size`: examples per step.
+    - `options`: the optimiser, checkpoints, time limit, progress and callback, a
+      [`TrainOptions`][energyattn.models.TrainOptions] (learning rate `3e-3` unless set).
 
     **Returns:**
 
@@ -313,15 +304,8 @@ def train_classifier(
         (batch_size,),
         key=key,
         train_steps=train_steps,
-        learning_rate=learning_rate,
-        warmup_steps=warmup_steps,
-        weight_decay=weight_decay,
-        clip_norm=clip_norm,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        time_limit=time_limit,
-        progress=progress,
-        callback=callback,
+        options=options,
+        default_learning_rate=3e-3,
     )
 
 

@@ -1,8 +1,6 @@
 """Backpropagation-trained baselines of the attractor paper: a recycled transformer block and
 a small vision transformer that map corrupted images to clean ones."""
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -12,10 +10,9 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_image_shape, positive_int
-from .._deprecated import renamed_keywords
 from ..data import patchify, unpatchify
 from ._attractor import Task, _check_images, _check_task, corrupt_image
-from ._training import TrainResult, fit
+from ._training import TrainOptions, TrainResult, fit, trainer_keywords
 
 
 class TransformerBlock(eqx.Module):
@@ -192,7 +189,7 @@ def _reconstruction_loss(
     return jnp.mean(jnp.square(outputs - batch))
 
 
-@renamed_keywords("ea.models.train_reconstruction", num_steps="train_steps")
+@trainer_keywords("ea.models.train_reconstruction")
 def train_reconstruction(
     model: PatchTransformer,
     images: Float[ArrayLike, "n channels height width"],
@@ -203,17 +200,9 @@ def train_reconstruction(
     min_iterations: int = 1,
     max_iterations: int = 1,
     batch_size: int = 64,
-    learning_rate: float = 1e-3,
-    warmup_steps: int | None = None,
-    weight_decay: float = 1e-4,
-    clip_norm: float = 1.0,
     mask_fraction: float = 0.3,
     noise_variance: float = 0.7,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 100,
-    time_limit: float | None = None,
-    progress: bool = True,
-    callback: Callable[[int, float], None] | None = None,
+    options: TrainOptions = TrainOptions(),
 ) -> TrainResult:
     r"""Train a [`PatchTransformer`][energyattn.models.PatchTransformer] by backpropagation to
     undo one task's corruption.
@@ -226,9 +215,10 @@ def train_reconstruction(
     recycled block and 1 for the vision transformer). Unlike the attractor network, the model
     is trained for one task.
 
-    **Arguments:** as [`train_attractor`][energyattn.models.train_attractor], plus `task`
-    (`"masked"` or `"denoise"`), the range of $\tau$, the corruption's `mask_fraction` and
-    `noise_variance`, and `weight_decay`.
+    **Arguments:** as [`train_attractor`][energyattn.models.train_attractor] (but no `lam`),
+    plus `task` (`"masked"` or `"denoise"`), the range of $\tau$ (`min_iterations`,
+    `max_iterations`) and the corruption's `mask_fraction` and `noise_variance`. Unless
+    `options` sets them, the learning rate is `1e-3` and the weight decay `1e-4`.
 
     **Returns:**
 
@@ -260,13 +250,6 @@ def train_reconstruction(
         config,
         key=key,
         train_steps=train_steps,
-        learning_rate=learning_rate,
-        warmup_steps=warmup_steps,
-        weight_decay=weight_decay,
-        clip_norm=clip_norm,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        time_limit=time_limit,
-        progress=progress,
-        callback=callback,
+        options=options,
+        default_learning_rate=1e-3,
     )
