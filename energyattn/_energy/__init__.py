@@ -43,20 +43,6 @@ from ._local import (
     project_couplings as project_couplings,
     pseudo_likelihood_energy as pseudo_likelihood_energy,
 )
-from ._mean_field import (
-    GaussianSpinEnergy as GaussianSpinEnergy,
-    apply_couplings as apply_couplings,
-    attention_couplings as attention_couplings,
-    check_couplings as check_couplings,
-    gaussian_spin_energy as gaussian_spin_energy,
-    naive_mean_field as naive_mean_field,
-    neural_mean_field as neural_mean_field,
-    tap_cavity_variances as tap_cavity_variances,
-    tap_mean_field as tap_mean_field,
-    tap_spin_means as tap_spin_means,
-    transformer_block_as_mean_field as transformer_block_as_mean_field,
-    vector_couplings as vector_couplings,
-)
 from ._rbm import (
     AbstractHiddenPrior as AbstractHiddenPrior,
     BernoulliPrior as BernoulliPrior,

@@ -12,15 +12,6 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
-from .._energy import (
-    attention_couplings,
-    check_couplings,
-    neural_mean_field,
-    tap_cavity_variances,
-    tap_spin_means,
-    transformer_block_as_mean_field,
-    vector_couplings,
-)
 from .._solver import (
     AbstractAdjoint,
     AbstractIterativeSolver,
@@ -28,6 +19,15 @@ from .._solver import (
     ImplicitAdjoint,
     Solution,
     fixed_point,
+)
+from ..spin.mean_field import (
+    attention_couplings,
+    check_couplings,
+    neural_mean_field,
+    tap_cavity_variances,
+    tap_spin_means,
+    transformer_block_as_mean_field,
+    vector_couplings,
 )
 
 Variant = Literal["neural", "tap"]

@@ -22,11 +22,11 @@ from .._energy import (
     smt_tap_update as smt_tap_update,
     symmetric_couplings as symmetric_couplings,
 )
-from ._afem import (
+from .afem import (
     free_energy as free_energy,
     log_partition as log_partition,
     magnetizations as magnetizations,
     neumann_series as neumann_series,
     saddle_point as saddle_point,
 )
-from ._smt import smt_magnetizations as smt_magnetizations, smt_steady_state as smt_steady_state
+from .smt import smt_magnetizations as smt_magnetizations, smt_steady_state as smt_steady_state

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_shape
+from .._energy import AbstractEnergy
 from .._linalg import inverse, solve
-from ._base import AbstractEnergy
 
 Couplings = Float[Array, "spins spins dim dim"]
 Spins = Float[Array, "spins dim"]
