@@ -86,19 +86,6 @@ from ._solver import (
     root_find as root_find,
     sign_descend as sign_descend,
 )
-from .spin.mean_field import (
-    GaussianSpinEnergy as GaussianSpinEnergy,
-    apply_couplings as apply_couplings,
-    attention_couplings as attention_couplings,
-    gaussian_spin_energy as gaussian_spin_energy,
-    naive_mean_field as naive_mean_field,
-    neural_mean_field as neural_mean_field,
-    tap_cavity_variances as tap_cavity_variances,
-    tap_mean_field as tap_mean_field,
-    tap_spin_means as tap_spin_means,
-    transformer_block_as_mean_field as transformer_block_as_mean_field,
-    vector_couplings as vector_couplings,
-)
 
 try:
     __version__ = _metadata.version("energyattn")

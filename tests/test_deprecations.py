@@ -59,3 +59,36 @@ def test_optimiser_steps_are_train_steps():
     with pytest.warns(DeprecationWarning, match=r"make_optimizer\(num_steps=...\) is deprecated"):
         old = ea.models.make_optimizer(1e-2, num_steps=10)
     assert new is old  # the same cached optimiser: the same schedule
+
+
+SPIN_MODEL_TRANSFORMER = {
+    "smt_gamma": "gamma",
+    "smt_phi": "magnetization",
+    "smt_phi_inverse": "inverse_magnetization",
+    "smt_tap_update": "tap_field",
+    "smt_steady_state": "steady_state",
+    "smt_magnetizations": "steady_magnetizations",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), SPIN_MODEL_TRANSFORMER.items())
+def test_spin_model_transformer_functions_are_in_ea_spin_smt(old, new):
+    with pytest.warns(
+        DeprecationWarning, match=rf"ea\.spin\.{old} is deprecated: use ea\.spin\.smt\.{new}$"
+    ):
+        assert getattr(ea.spin, old) is getattr(ea.spin.smt, new)
+
+
+@pytest.mark.parametrize("name", ea.spin.mean_field.__all__)
+def test_mean_field_maps_are_in_ea_spin_mean_field(name):
+    match = rf"ea\.{name} is deprecated: use ea\.spin\.mean_field\.{name}$"
+    with pytest.warns(DeprecationWarning, match=match):
+        assert getattr(ea, name) is getattr(ea.spin.mean_field, name)
+
+
+def test_moved_names_import_and_unknown_names_do_not():
+    with pytest.warns(DeprecationWarning, match="use ea.spin.mean_field.naive_mean_field"):
+        from energyattn import naive_mean_field
+    assert naive_mean_field is ea.spin.mean_field.naive_mean_field
+    with pytest.raises(AttributeError, match="module 'energyattn.spin' has no attribute 'smt_x'"):
+        ea.spin.smt_x  # noqa: B018

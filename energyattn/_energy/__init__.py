@@ -56,34 +56,6 @@ from ._rbm import (
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
 )
-from ._smt import (
-    coupling_product as coupling_product,
-    smt_gamma as smt_gamma,
-    smt_phi as smt_phi,
-    smt_phi_inverse as smt_phi_inverse,
-    smt_tap_update as smt_tap_update,
-    tap_field as tap_field,
-)
-from ._spin import (
-    Mode as Mode,
-    Parts as Parts,
-    PhiEnergy as PhiEnergy,
-    check_mode as check_mode,
-    check_system as check_system,
-    check_t as check_t,
-    domain_value as domain_value,
-    expand as expand,
-    factor as factor,
-    grad_hess_from as grad_hess_from,
-    grad_hess_tp as grad_hess_tp,
-    input_couplings as input_couplings,
-    parts_from_factor as parts_from_factor,
-    phi as phi,
-    phi_grad as phi_grad,
-    phi_hessian as phi_hessian,
-    phi_terms as phi_terms,
-    symmetric_couplings as symmetric_couplings,
-)
 from ._transformer import (
     TransformerAttentionEnergy as TransformerAttentionEnergy,
     TransformerMemoryEnergy as TransformerMemoryEnergy,

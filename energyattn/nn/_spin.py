@@ -11,10 +11,9 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
-from .._energy import Mode, check_mode, input_couplings, symmetric_couplings
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Newton, Solution
-from ..spin import magnetizations
+from ..spin.afem import Mode, check_mode, input_couplings, magnetizations, symmetric_couplings
 from ._common import linear
 
 

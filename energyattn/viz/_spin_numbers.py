@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._energy import check_system
-from ..spin import free_energy, phi, saddle_point
+from ..spin.afem import check_system, free_energy, phi, saddle_point
 
 
 def spin_system(J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
