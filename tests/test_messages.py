@@ -222,7 +222,7 @@ def test_the_audits_messages_name_their_cause(user_mode):
     with pytest.raises(ValueError, match="beta must be finite, got inf"):
         ea.nn.HopfieldAttention(4, beta=float("inf"), key=jr.key(0))(q)
     with pytest.raises(ValueError, match=r"J and H disagree.*\(4, 4\).*\(5, 3\)"):
-        ea.spin.saddle_point(0.1 * jnp.eye(4), jnp.ones((5, 3)), 1.0)
+        ea.spin.saddle_point(0.1 * jnp.eye(4), jnp.ones((5, 3)), beta=1.0)
     with pytest.raises(ValueError, match=r"^input must have shape \(stored, dim=4\), got \(3, 5\)"):
         ea.nn.Hopfield(4, key=jr.key(0))(jnp.ones((3, 5)))
     solution = eqx.filter_jit(ea.minimise)(

@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
+from .._deprecated import keyword_only
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import Newton, Solution
 from ..spin.afem import Mode, check_mode, input_couplings, magnetizations, symmetric_couplings
@@ -42,7 +43,7 @@ class VectorSpinAttention(eqx.Module):
     - `num_spins`: the number of spins $N$ (the sequence length; with input-dependent
       couplings any length works).
     - `dim`: the feature size $D$ of each input.
-    - `beta`: inverse temperature $\beta > 0$ (default 1).
+    - `beta`: inverse temperature $\beta > 0$ (default 1; keyword only).
     - `trainable_beta`: learn $\beta$ (default `False`: a fixed hyperparameter; see
       [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `input_dependent`: use the couplings $J(H)$ (parameters $W_q$, $W_k$) instead of a
@@ -78,12 +79,13 @@ class VectorSpinAttention(eqx.Module):
     max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
+    @keyword_only("ea.nn.VectorSpinAttention", "beta")
     def __init__(
         self,
         num_spins: int,
         dim: int,
-        beta: ScalarLike = 1.0,
         *,
+        beta: ScalarLike = 1.0,
         trainable_beta: bool = False,
         input_dependent: bool = False,
         mode: Mode = "vector",
@@ -184,8 +186,8 @@ class VectorSpinAttention(eqx.Module):
         return magnetizations(
             couplings,
             H,
-            self.beta,
-            t0,
+            beta=self.beta,
+            t0=t0,
             mode=self.mode,
             solver=self.solver,
             max_steps=self.max_steps,

@@ -1,20 +1,19 @@
 """The vector-spin family, as `ea.spin`: one module each with its equations and its solves.
 
-- [`ea.spin.afem`][energyattn.spin.afem]: the equilibrium model of AFEM (approximate free
-  energy minimisation): couplings `J` (spins, spins) and fields `H` (spins, dim) at inverse
-  temperature `beta`, the steepest-descent function `phi(t)` of its auxiliary variables, the
-  saddle point `t*` (`ea.Newton` through the solver engine, differentiated implicitly),
-  `log_partition`, `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with
-  respect to `H`). Its names are also `ea.spin.*` (`ea.spin.phi`, `ea.spin.saddle_point`,
-  ...), the package's primary interface.
-- [`ea.spin.smt`][energyattn.spin.smt]: spin-model transformers, the second-order (TAP)
-  mean-field theory of vector spins with asymmetric couplings and its steady state, the
-  output of `ea.nn.SpinTransformerAttention`.
-- [`ea.spin.mean_field`][energyattn.spin.mean_field]: deep implicit attention's mean-field
-  maps (naive, adaptive TAP, neural) of vector spins with block couplings, which
-  `ea.nn.MeanFieldAttention` solves.
+- `ea.spin.afem`: the equilibrium model of AFEM (approximate free energy minimisation):
+  couplings `J` (spins, spins) and fields `H` (spins, dim) at inverse temperature `beta`,
+  the steepest-descent function `phi(t)` of its auxiliary variables, the saddle point `t*`
+  (`ea.Newton` through the solver engine, differentiated implicitly), `log_partition`,
+  `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with respect to `H`).
+  Its names are also `ea.spin.*` (`ea.spin.phi`, `ea.spin.saddle_point`, ...), the
+  package's primary interface.
+- `ea.spin.smt`: spin-model transformers, the second-order (TAP) mean-field theory of vector
+  spins with asymmetric couplings and its steady state, the output of
+  `ea.nn.SpinTransformerAttention`.
+- `ea.spin.mean_field`: deep implicit attention's mean-field maps (naive, adaptive TAP,
+  neural) of vector spins with block couplings, which `ea.nn.MeanFieldAttention` solves.
 
-Everything is unbatched; use `jax.vmap` for batches.
+`beta` is keyword-only. Everything is unbatched; use `jax.vmap` for batches.
 """
 
 from .._deprecated import spin_getattr as __getattr__  # noqa: F401 (old names, deprecated)

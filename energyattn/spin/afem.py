@@ -60,6 +60,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_finite, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
+from .._deprecated import keyword_only
 from .._energy import AbstractEnergy
 from .._linalg import upper_cholesky
 from .._solver import (
@@ -369,12 +370,13 @@ def _prepare(
     return _as_tp(t, mode, H.dtype), J, H, beta, mode
 
 
+@keyword_only("ea.spin.phi", "beta")
 def phi(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
-    beta: ScalarLike,
     *,
+    beta: ScalarLike,
     mode: Mode = "vector",
 ) -> Scalar:
     r"""The AFEM steepest-descent function $\varphi(t)$ of a vector-spin model.
@@ -426,12 +428,13 @@ def _checked_grad_hess(t: Any, J: Any, H: Any, beta: Any, mode: Any) -> tuple[Ar
     return grad, hess
 
 
+@keyword_only("ea.spin.phi_grad", "beta")
 def phi_grad(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
-    beta: ScalarLike,
     *,
+    beta: ScalarLike,
     mode: Mode = "vector",
 ) -> Float[Array, " spins"] | Float[Array, ""]:
     r"""The analytic gradient of [`phi`][energyattn.spin.phi] with respect to $t$.
@@ -457,12 +460,13 @@ def phi_grad(
     return _checked_grad_hess(t, J, H, beta, mode)[0]
 
 
+@keyword_only("ea.spin.phi_hessian", "beta")
 def phi_hessian(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
-    beta: ScalarLike,
     *,
+    beta: ScalarLike,
     mode: Mode = "vector",
 ) -> Float[Array, "spins spins"] | Float[Array, ""]:
     r"""The exact Hessian of [`phi`][energyattn.spin.phi] with respect to $t$.
@@ -513,19 +517,20 @@ class PhiEnergy(AbstractEnergy):
     beta: Float[Array, ""]
     mode: Mode = eqx.field(static=True)
 
+    @keyword_only("ea.spin.PhiEnergy", "beta")
     def __init__(
         self,
         J: Float[ArrayLike, "spins spins"],
         H: Float[ArrayLike, "spins dim"],
-        beta: ScalarLike,
         *,
+        beta: ScalarLike,
         mode: Mode = "vector",
     ):
         self.mode = check_mode(mode)
         self.J, self.H, self.beta = check_system(J, H, beta)
 
     def __call__(self, x: Float[Array, " spins"] | Float[Array, ""], args: Any = None) -> Scalar:
-        return phi(x, self.J, self.H, self.beta, mode=self.mode)
+        return phi(x, self.J, self.H, beta=self.beta, mode=self.mode)
 
 
 def symmetric_couplings(J_raw: Float[ArrayLike, "spins spins"]) -> Float[Array, "spins spins"]:
@@ -893,12 +898,13 @@ def _log_z(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Sca
     return -0.5 * num_spins * (1 + jnp.log(2 * beta)) + phi
 
 
+@keyword_only("ea.spin.saddle_point", "beta", "t0")
 def saddle_point(
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -967,12 +973,13 @@ def saddle_point(
     return _public(eqx.tree_at(lambda s: s.value, saddle.solution, tp), mode)
 
 
+@keyword_only("ea.spin.log_partition", "beta", "t0")
 def log_partition(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1012,12 +1019,13 @@ def log_partition(
     return _log_z(saddle, J, H, beta, bool(throw))
 
 
+@keyword_only("ea.spin.free_energy", "beta", "t0")
 def free_energy(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1044,8 +1052,8 @@ def free_energy(
     log_z = log_partition(
         J,
         H,
-        beta,
-        t0,
+        beta=beta,
+        t0=t0,
         mode=mode,
         solver=solver,
         max_steps=max_steps,
@@ -1058,9 +1066,9 @@ def free_energy(
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1073,9 +1081,9 @@ def magnetizations(
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1088,9 +1096,9 @@ def magnetizations(
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1099,12 +1107,13 @@ def magnetizations(
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]: ...
 
 
+@keyword_only("ea.spin.magnetizations", "beta", "t0")
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
+    *,
     beta: ScalarLike,
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
-    *,
     mode: Mode = "vector",
     solver: Newton | None = None,
     max_steps: int = 50,
@@ -1159,12 +1168,13 @@ def magnetizations(
     return m
 
 
+@keyword_only("ea.spin.neumann_series", "beta")
 def neumann_series(
     t: Float[ArrayLike, " spins"],
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
-    beta: ScalarLike,
     *,
+    beta: ScalarLike,
     num_terms: int,
 ) -> Float[Array, "terms spins dim"]:
     r"""The terms of the Neumann series of the magnetizations $\frac\beta2 V^{-1}H$.
@@ -1179,7 +1189,7 @@ def neumann_series(
 
     **Arguments:**
 
-    - `t`: the auxiliary variables, shape `(spins,)` (e.g. `saddle_point(J, H, beta).value`).
+    - `t`: the auxiliary variables, shape `(spins,)` (e.g. `saddle_point(J, H, beta=beta).value`).
     - `J`: couplings, shape `(spins, spins)` (only the symmetric part enters).
     - `H`: fields, shape `(spins, dim)`.
     - `beta`: inverse temperature $\beta > 0$.
