@@ -93,7 +93,9 @@ class MeanFieldAttention(eqx.Module):
       $1/\sqrt{N d^2}$, so $\lVert J\rVert = O(1)$, as the seed recommends).
     - `solver`, `adjoint`, `max_steps`: passed to `ea.fixed_point`; the solver carries the
       tolerances (defaults like the seed's: `ea.Anderson(rtol=1e-4, atol=1e-6)`, implicit
-      backward, 40 steps).
+      backward, 40 steps). The 40 is the seed's forward budget (its DEQ's
+      `solver_fwd_max_iter=40`), kept as part of the model the seed describes (a layer
+      trained at a bounded cost per step) instead of the package's default of 256.
     - `contraction`: `"neural"` only. When set to $c \in (0, 1)$, the couplings and the
       correction are shrunk together (by $\min(1, c/B)$, $B$ the
       [`lipschitz_bound`][energyattn.nn.MeanFieldAttention.lipschitz_bound]) so the map is a

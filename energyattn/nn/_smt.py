@@ -18,7 +18,7 @@ from .._checks import (
 )
 from .._custom_types import ScalarLike
 from .._hyperparameters import hyperparameter, hyperparameter_fields
-from .._solver import AbstractAdjoint, AbstractIterativeSolver, Solution
+from .._solver import DEFAULT_MAX_STEPS, AbstractAdjoint, AbstractIterativeSolver, Solution
 from ..spin.smt import steady_state
 from ._common import linear
 
@@ -52,9 +52,9 @@ class SpinTransformerAttention(eqx.Module):
       `False`, as the reference).
     - `solver`, `adjoint`, `max_steps`, `start_steps`, `throw`: passed to
       [`ea.spin.smt.steady_state`][energyattn.spin.smt.steady_state] (default
-      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 100 steps,
-      a start after 5 iterations of the first-order mean-field map, raise when a head does
-      not converge).
+      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 256 steps (the
+      package's one bound), a start after 5 iterations of the first-order mean-field map,
+      raise when a head does not converge).
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
     !!! warning "On CPU"
@@ -93,7 +93,7 @@ class SpinTransformerAttention(eqx.Module):
         scale_couplings: bool = False,
         solver: AbstractIterativeSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
-        max_steps: int = 100,
+        max_steps: int = DEFAULT_MAX_STEPS,
         start_steps: int = 5,  # as steady_state's default
         throw: bool = True,
         dtype: Any = None,

@@ -13,7 +13,7 @@ from .._checks import check_finite, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
 from .._deprecated import keyword_only
 from .._hyperparameters import hyperparameter, hyperparameter_fields
-from .._solver import Newton, Solution
+from .._solver import DEFAULT_MAX_STEPS, Newton, Solution
 from ..spin.afem import Mode, check_mode, input_couplings, magnetizations, symmetric_couplings
 from ._common import linear
 
@@ -50,8 +50,8 @@ class VectorSpinAttention(eqx.Module):
       coupling matrix.
     - `mode`: `"vector"` (default; one auxiliary $t_i$ per spin) or `"scalar"`.
     - `solver`: the [`ea.Newton`][energyattn.Newton] that finds the saddle point (its
-      tolerances), and `max_steps` its most steps, as in
-      [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
+      tolerances), and `max_steps` its most steps (default 256, the package's one bound), as
+      in [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
     - `throw`: raise (at run time) when the input is NaN/inf or the saddle point is not
       found (default). With `False` nothing raises, and under `jax.vmap` every example
       keeps its own answer: a failed example's magnetizations are NaN and its result code
@@ -90,7 +90,7 @@ class VectorSpinAttention(eqx.Module):
         input_dependent: bool = False,
         mode: Mode = "vector",
         solver: Newton | None = None,
-        max_steps: int = 50,
+        max_steps: int = DEFAULT_MAX_STEPS,
         throw: bool = True,
         dtype: Any = None,
         key: PRNGKeyArray,

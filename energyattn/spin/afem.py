@@ -64,6 +64,7 @@ from .._deprecated import keyword_only
 from .._energy import AbstractEnergy
 from .._linalg import upper_cholesky
 from .._solver import (
+    DEFAULT_MAX_STEPS,
     RESULTS,
     AbstractObjective,
     MinimiseProblem,
@@ -907,7 +908,7 @@ def saddle_point(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
 ) -> Solution:
     r"""The saddle point $t^*$ of a vector-spin model's partition function, by safeguarded Newton.
@@ -946,7 +947,8 @@ def saddle_point(
       `tol = eps ** 0.75`, 1.8e-12 in float64 and 6.4e-6 in float32). The saddle point
       needs Newton's dense Hessian at every size: a solver that takes matrix-free steps
       (`jacobian="matrix-free"`, or `"auto"` above 512 unknowns) is refused.
-    - `max_steps`: the most Newton steps (default 50; convergence typically takes 2 to 5).
+    - `max_steps`: the most Newton steps (default 256, the package's one bound for every
+      solve; convergence typically takes 2 to 5).
     - `throw`: raise (at run time) when the solve fails (default). With `throw=False` the
       failure is reported in `result` instead: `RESULTS.infeasible` when $V$ cannot be made
       positive definite from `t0` (or a line search finds no point where it is),
@@ -982,7 +984,7 @@ def log_partition(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
 ) -> Scalar:
     r"""The steepest-descent (large-$D$) log-partition function of a vector-spin model.
@@ -1028,7 +1030,7 @@ def free_energy(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
 ) -> Scalar:
     r"""The approximate free energy (AFEM) of a vector-spin model.
@@ -1071,7 +1073,7 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     return_solution: Literal[False] = False,
 ) -> Float[Array, "spins dim"]: ...
@@ -1086,7 +1088,7 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     return_solution: Literal[True],
 ) -> tuple[Float[Array, "spins dim"], Solution]: ...
@@ -1101,7 +1103,7 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     return_solution: bool = False,
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]: ...
@@ -1116,7 +1118,7 @@ def magnetizations(
     t0: Float[ArrayLike, " spins"] | ScalarLike | None = None,
     mode: Mode = "vector",
     solver: Newton | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     return_solution: bool = False,
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]:
