@@ -206,8 +206,8 @@ def test_float32_saddle_point_with_huge_fields():
     J = (J + J.T) / 2 - jnp.diag(jnp.diag(J + J.T) / 2)
     H = 1e15 * jr.normal(jr.key(1), (4, 3))
     saddle_point = eqx.filter_jit(ea.spin.saddle_point)  # compiled, not op by op
-    f32 = saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), 1.0, throw=False)
-    f64 = saddle_point(J, H, 1.0)
+    f32 = saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), beta=1.0, throw=False)
+    f64 = saddle_point(J, H, beta=1.0)
     assert f32.value.dtype == jnp.float32
     assert bool(f32.converged)
     np.testing.assert_allclose(f32.value, f64.value, rtol=1e-5)

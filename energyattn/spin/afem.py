@@ -92,10 +92,17 @@ __all__ = [
     "symmetric_couplings",
 ]
 
+#: One auxiliary $t_i$ per spin (`"vector"`) or one shared $t$ (`"scalar"`).
 Mode = Literal["vector", "scalar"]
+#: Couplings `(spins, spins)`, or a function of the fields `H` that returns them.
+Couplings = Float[ArrayLike, "spins spins"] | Callable[[Float[Array, "spins dim"]], Array]
+
+
+# ---------------------------------------------------------------- the equations
 
 
 def check_mode(mode: Any) -> Mode:
+    """`mode`, checked: `"vector"` or `"scalar"` (a `ValueError` otherwise)."""
     if mode not in ("vector", "scalar"):
         raise ValueError(f"mode must be 'vector' (one t per spin) or 'scalar', got {mode!r}")
     return mode
@@ -599,9 +606,7 @@ def input_couplings(
     return symmetric_couplings(raw)
 
 
-# ---------------------------------------------------------------- the saddle point
-
-Couplings = Float[ArrayLike, "spins spins"] | Callable[[Float[Array, "spins dim"]], Array]
+# ------------------------------------------------------- the saddle point: Newton on phi
 
 #: The default start is shifted towards a surely feasible point by 2^-6, 2^-5, ..., 1.
 _START_DOUBLINGS = 6
@@ -827,6 +832,9 @@ def _public(solution: Solution, mode: Mode) -> Solution:
     if mode == "scalar":
         return eqx.tree_at(lambda s: s.value, solution, solution.value[0])
     return solution
+
+
+# ---------------------------------------------------- what follows from t*: log Z, F, m
 
 
 @jax.custom_jvp

@@ -56,6 +56,8 @@ __all__ = [
     "tap_field",
 ]
 
+# ---------------------------------------------------------------- the equations
+
 #: Up to this many multiply-adds a product of `_tap_field` is a broadcast multiply and a sum,
 #: which XLA fuses with the elementwise work around it, instead of a matrix product (a call
 #: of its own): the faster of the two on one CPU core below it, the slower above (measured
