@@ -78,7 +78,6 @@ from .._solver import (
 )
 
 __all__ = [
-    "Mode",
     "PhiEnergy",
     "free_energy",
     "input_couplings",
