@@ -215,7 +215,7 @@ def run_backward(max_steps: int, repeats: int, note: str) -> list[dict]:
         solver = ea.Anderson(rtol=0.0, atol=0.0)
 
         def solve(J, correction, xi):
-            fn = lambda z, xi: ea.neural_mean_field(z, xi, J, correction)  # noqa: E731
+            fn = lambda z, xi: ea.spin.mean_field.neural_mean_field(z, xi, J, correction)  # noqa: E731
             return ea.fixed_point(
                 fn, jnp.zeros_like(xi), xi, solver=solver, adjoint=adjoint,
                 max_steps=max_steps, throw=False,

@@ -63,13 +63,13 @@ def cases(package) -> dict:
     sp = package.spin
 
     def solve_cold(V, J_raw, H, t0):
-        return sp.saddle_point(sp.symmetric_couplings(J_raw), H, BETA).value
+        return sp.saddle_point(sp.symmetric_couplings(J_raw), H, beta=BETA).value
 
     def solve_warm(V, J_raw, H, t0):
-        return sp.saddle_point(sp.symmetric_couplings(J_raw), H, BETA, t0).value
+        return sp.saddle_point(sp.symmetric_couplings(J_raw), H, beta=BETA, t0=t0).value
 
     def log_z(J_raw, H, t0):
-        return sp.log_partition(sp.symmetric_couplings(J_raw), H, BETA, t0)
+        return sp.log_partition(sp.symmetric_couplings(J_raw), H, beta=BETA, t0=t0)
 
     def logz_value_grad_cold(V, J_raw, H, t0):
         return jax.value_and_grad(log_z, argnums=(0, 1))(J_raw, H, None)
@@ -78,7 +78,7 @@ def cases(package) -> dict:
         return jax.value_and_grad(log_z, argnums=(0, 1))(J_raw, H, t0)
 
     def train_loss(J_raw, H, t0):
-        return jnp.sum(sp.magnetizations(sp.symmetric_couplings(J_raw), H, BETA, t0) ** 2)
+        return jnp.sum(sp.magnetizations(sp.symmetric_couplings(J_raw), H, beta=BETA, t0=t0) ** 2)
 
     def train_step_cold(V, J_raw, H, t0):
         return jax.grad(train_loss)(J_raw, H, None)
@@ -101,11 +101,11 @@ def run(num_spins: int, dtype: str, coupling: float, repeats: int, note: str, co
     before = _baseline.load()
     J_raw, H, H_near = problem(num_spins, DIM, dtype, coupling)
     J = sp.symmetric_couplings(J_raw)
-    solve = jax.jit(lambda J, H, t0: sp.saddle_point(J, H, BETA, t0))
+    solve = jax.jit(lambda J, H, t0: sp.saddle_point(J, H, beta=BETA, t0=t0))
     cold = solve(J, H, None)
     t0 = solve(J, H_near, None).value  # the warm start: t* of a nearby input
     warm = solve(J, H, t0)
-    solve_before = jax.jit(lambda J, H, t0: before.spin.saddle_point(J, H, BETA, t0))
+    solve_before = jax.jit(lambda J, H, t0: before.spin.saddle_point(J, H, beta=BETA, t0=t0))
     steps_before = {"cold": solve_before(J, H, None), "warm": solve_before(J, H, t0)}
     V = jnp.diag(cold.value) - J  # a positive definite N x N matrix of the problem's own scale
 

@@ -62,16 +62,18 @@ def test_conv_synapse_that_leaves_no_output_position(user_mode):
     assert jnp.isfinite(synapse(jnp.ones((1, 6, 6)), jnp.ones((2, 2, 2))))
 
 
-def test_smt_phi_inverse_outside_its_domain():
+def test_smt_inverse_magnetization_outside_its_domain():
     with pytest.raises(ValueError, match=r"m must have rows of norm < R = 2 .*got a row of norm 5"):
-        ea.spin.smt_phi_inverse(jnp.array([[0.3, 0.4], [3.0, 4.0]]), R=2.0)
+        ea.spin.smt.inverse_magnetization(jnp.array([[0.3, 0.4], [3.0, 4.0]]), R=2.0)
     with pytest.raises(ValueError, match="m must have rows of norm < R"):
-        ea.spin.smt_phi_inverse(jnp.array([[1.2, 1.6]]), R=2.0)  # on the sphere: norm 2
-    inverse = eqx.filter_jit(lambda m, R: ea.spin.smt_phi_inverse(m, beta=0.5, R=R))
+        ea.spin.smt.inverse_magnetization(jnp.array([[1.2, 1.6]]), R=2.0)  # on the sphere: norm 2
+    inverse = eqx.filter_jit(lambda m, R: ea.spin.smt.inverse_magnetization(m, beta=0.5, R=R))
     with pytest.raises(eqx.EquinoxRuntimeError, match="m must have rows of norm < R"):
         inverse(jnp.array([[3.0, 4.0]]), 2.0)
     m = jnp.array([[0.3, 0.4], [-1.0, 1.5]])
-    np.testing.assert_allclose(ea.spin.smt_phi(inverse(m, 2.0), beta=0.5, R=2.0), m, rtol=1e-10)
+    np.testing.assert_allclose(
+        ea.spin.smt.magnetization(inverse(m, 2.0), beta=0.5, R=2.0), m, rtol=1e-10
+    )
 
 
 # ------------------------------------------------------------------ silent NaN

@@ -2,6 +2,7 @@
 with a `DeprecationWarning` that names the new name; both at once is a `TypeError`. The
 trainers' option keywords gather into `options=ea.models.TrainOptions(...)` alike."""
 
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -175,3 +176,130 @@ def test_training_options_are_checked_and_hashable(user_mode):
             batch_size=2,
             options={"progress": False},
         )
+
+
+SPIN_MODEL_TRANSFORMER = {
+    "smt_gamma": "gamma",
+    "smt_phi": "magnetization",
+    "smt_phi_inverse": "inverse_magnetization",
+    "smt_tap_update": "tap_field",
+    "smt_steady_state": "steady_state",
+    "smt_magnetizations": "steady_magnetizations",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), SPIN_MODEL_TRANSFORMER.items())
+def test_spin_model_transformer_functions_are_in_ea_spin_smt(old, new):
+    with pytest.warns(
+        DeprecationWarning, match=rf"ea\.spin\.{old} is deprecated: use ea\.spin\.smt\.{new}$"
+    ):
+        assert getattr(ea.spin, old) is getattr(ea.spin.smt, new)
+
+
+@pytest.mark.parametrize("name", ea.spin.mean_field.__all__)
+def test_mean_field_maps_are_in_ea_spin_mean_field(name):
+    match = rf"ea\.{name} is deprecated: use ea\.spin\.mean_field\.{name}$"
+    with pytest.warns(DeprecationWarning, match=match):
+        assert getattr(ea, name) is getattr(ea.spin.mean_field, name)
+
+
+def test_moved_names_import_and_unknown_names_do_not():
+    with pytest.warns(DeprecationWarning, match="use ea.spin.mean_field.naive_mean_field"):
+        from energyattn import naive_mean_field
+    assert naive_mean_field is ea.spin.mean_field.naive_mean_field
+    with pytest.raises(AttributeError, match="module 'energyattn.spin' has no attribute 'smt_x'"):
+        ea.spin.smt_x  # noqa: B018
+
+
+def _spin_system():
+    J = jnp.array([[0.0, 0.2, -0.1], [0.2, 0.0, 0.3], [-0.1, 0.3, 0.0]])
+    H = jnp.array([[0.5, -0.2], [0.1, 0.4], [-0.3, 0.2]])
+    return J, H
+
+
+POSITIONAL_BETA = {
+    # name: (the call with beta by keyword, the same call with beta by position)
+    "ea.spin.phi": (
+        lambda J, H, t: ea.spin.phi(t, J, H, beta=0.7),
+        lambda J, H, t: ea.spin.phi(t, J, H, 0.7),
+    ),
+    "ea.spin.phi_grad": (
+        lambda J, H, t: ea.spin.phi_grad(t, J, H, beta=0.7, mode="vector"),
+        lambda J, H, t: ea.spin.phi_grad(t, J, H, 0.7, mode="vector"),
+    ),
+    "ea.spin.phi_hessian": (
+        lambda J, H, t: ea.spin.phi_hessian(t, J, H, beta=0.7),
+        lambda J, H, t: ea.spin.phi_hessian(t, J, H, 0.7),
+    ),
+    "ea.spin.neumann_series": (
+        lambda J, H, t: ea.spin.neumann_series(t, J, H, beta=0.7, num_terms=3),
+        lambda J, H, t: ea.spin.neumann_series(t, J, H, 0.7, num_terms=3),
+    ),
+    "ea.spin.PhiEnergy": (
+        lambda J, H, t: ea.spin.PhiEnergy(J, H, beta=0.7)(t),
+        lambda J, H, t: ea.spin.PhiEnergy(J, H, 0.7)(t),
+    ),
+    "ea.spin.saddle_point": (
+        lambda J, H, t: ea.spin.saddle_point(J, H, beta=0.7, t0=t).value,
+        lambda J, H, t: ea.spin.saddle_point(J, H, 0.7, t).value,
+    ),
+    "ea.spin.log_partition": (
+        lambda J, H, t: ea.spin.log_partition(J, H, beta=0.7, t0=t),
+        lambda J, H, t: ea.spin.log_partition(J, H, 0.7, t0=t),
+    ),
+    "ea.spin.free_energy": (
+        lambda J, H, t: ea.spin.free_energy(J, H, beta=0.7),
+        lambda J, H, t: ea.spin.free_energy(J, H, 0.7),
+    ),
+    "ea.spin.magnetizations": (
+        lambda J, H, t: ea.spin.magnetizations(J, H, beta=0.7, t0=t),
+        lambda J, H, t: ea.spin.magnetizations(J, H, 0.7, t),
+    ),
+    "ea.nn.VectorSpinAttention": (
+        lambda J, H, t: ea.nn.VectorSpinAttention(3, 2, beta=0.7, key=jr.key(0))(H),
+        lambda J, H, t: ea.nn.VectorSpinAttention(3, 2, 0.7, key=jr.key(0))(H),
+    ),
+    "ea.nn.HopfieldHeadsEnergy": (
+        lambda J, H, t: ea.nn.HopfieldHeadsEnergy(H[None], beta=jnp.ones(1), mask=None)(H[None]),
+        lambda J, H, t: ea.nn.HopfieldHeadsEnergy(H[None], jnp.ones(1), None)(H[None]),
+    ),
+    "ea.ExponentialSeparation": (
+        lambda J, H, t: ea.ExponentialSeparation(beta=0.7)(H),
+        lambda J, H, t: ea.ExponentialSeparation(0.7)(H),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", POSITIONAL_BETA)
+def test_beta_by_position_still_works(name):
+    """`beta` is keyword-only; by position it gives the same result, with a warning."""
+    J, H = _spin_system()
+    t = jnp.array([1.2, 1.3, 1.1])
+    new, old = POSITIONAL_BETA[name]
+    expected = new(J, H, t)
+    match = rf"^{name}: passing beta (and \w+ )?by position is deprecated: pass beta=\.\.\."
+    with pytest.warns(DeprecationWarning, match=match):
+        _same(old(J, H, t), expected)
+
+
+def test_keyword_only_beta_under_jit_and_vmap():
+    """The decorated functions keep their (new) signature for `jax.jit`'s static names, and
+    an old positional call still works, and warns, under `jax.jit` and `jax.vmap`."""
+    J, H = _spin_system()
+    ts = np.array([[1.2, 1.3, 1.1], [1.4, 1.2, 1.5]])
+    phi = jax.jit(ea.spin.phi, static_argnames="mode")
+    expected = jax.vmap(lambda t: phi(t, J, H, beta=0.7))(ts)
+    with pytest.warns(DeprecationWarning, match="pass beta=... by keyword"):
+        _same(jax.vmap(lambda t: phi(t, J, H, 0.7))(ts), expected)
+    with pytest.raises(TypeError, match="missing .*required .*argument: 'beta'"):
+        ea.spin.phi(ts[0], J, H)
+    with pytest.raises(TypeError, match="positional"):
+        ea.spin.saddle_point(J, H, 0.7, beta=0.7)  # beta twice: Python's own error
+
+
+def test_spin_plots_take_beta_by_keyword(tmp_path):
+    pytest.importorskip("matplotlib")
+    J, H = _spin_system()
+    with pytest.warns(DeprecationWarning, match=r"plot_spin_phi: passing beta by position"):
+        path = ea.viz.plot_spin_phi(J, H, 0.7, tmp_path / "phi.png", num_points=8)
+    assert path.exists()

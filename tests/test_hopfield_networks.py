@@ -291,7 +291,7 @@ def _energy_cases(getkey, random_order):
         "classical-random-couplings": ea.ClassicalHopfieldEnergy(w_couplings, *bias),
         "x^3": ea.DenseHopfieldEnergy(x100, ea.PolynomialSeparation(3)),
         "exp": ea.DenseHopfieldEnergy(x1000, ea.ExponentialSeparation()),
-        "exp-beta-0.2": ea.DenseHopfieldEnergy(x1000, ea.ExponentialSeparation(0.2)),
+        "exp-beta-0.2": ea.DenseHopfieldEnergy(x1000, ea.ExponentialSeparation(beta=0.2)),
     }
     if random_order:
         rectified = ea.PolynomialSeparation(3, rectified=True)
@@ -458,7 +458,7 @@ def test_dense_energy_formulas(getkey):
         (ea.PolynomialSeparation(3, rectified=True), -np.sum(np.maximum(m, 0) ** 3)),
         (ea.PolynomialSeparation(1), -np.sum(m)),
         (ea.ExponentialSeparation(), -np.sum(np.exp(m))),
-        (ea.ExponentialSeparation(0.5), -np.sum(np.exp(0.5 * m))),
+        (ea.ExponentialSeparation(beta=0.5), -np.sum(np.exp(0.5 * m))),
     ]
     for separation, expected in cases:
         value = ea.dense_hopfield_energy(xi, x, separation)
@@ -541,7 +541,7 @@ def test_exponential_separation_traced_beta(getkey):
 
     @jax.jit
     def f(beta):
-        return ea.dense_hopfield_energy(xi, x, ea.ExponentialSeparation(beta))
+        return ea.dense_hopfield_energy(xi, x, ea.ExponentialSeparation(beta=beta))
 
     np.testing.assert_allclose(f(0.3), -np.sum(np.exp(0.3 * m)), rtol=1e-12)
     # d/dbeta of -sum exp(beta m) = -sum m exp(beta m)
@@ -601,7 +601,7 @@ def test_descend_decreases_dense_polynomial_energy(getkey):
 def test_descend_decreases_dense_exponential_energy(getkey):
     d = 16
     x = _patterns(getkey(), 8, d)
-    energy = ea.DenseHopfieldEnergy(x, ea.ExponentialSeparation(0.25))
+    energy = ea.DenseHopfieldEnergy(x, ea.ExponentialSeparation(beta=0.25))
     x0 = jr.normal(getkey(), (d,), dtype=jnp.float64)
     _check_descent(energy, x0, 1e-3)
 

@@ -12,6 +12,8 @@ import pytest
 
 import energyattn as ea
 
+mf = ea.spin.mean_field
+
 FIXTURES = Path(__file__).parent / "fixtures"
 TOL = dict(rtol=1e-14, atol=1e-14)
 TIGHT = dict(solver=ea.Anderson(**TOL), max_steps=400)
@@ -56,13 +58,13 @@ def test_vector_couplings_order_of_operations():
     for name in ("dia_adatap_N5_d3", "dia_neural_N6_d4"):
         F = _load(name)
         sym = name.startswith("dia_adatap")
-        J = ea.vector_couplings(F["weight_raw"], sym_internal=sym, sym_sites=sym)
+        J = mf.vector_couplings(F["weight_raw"], sym_internal=sym, sym_sites=sym)
         np.testing.assert_array_equal(J, F["weight_eff"])
     W = np.asarray(jr.normal(jr.key(1), (4, 4, 3, 3)))
-    J = np.asarray(ea.vector_couplings(W, sym_internal=True, sym_sites=True))
+    J = np.asarray(mf.vector_couplings(W, sym_internal=True, sym_sites=True))
     assert np.all(J[np.arange(4), np.arange(4)] == 0)
     np.testing.assert_allclose(_dense(J), _dense(J).T, atol=0)
-    internal_only = np.asarray(ea.vector_couplings(W, sym_internal=True))
+    internal_only = np.asarray(mf.vector_couplings(W, sym_internal=True))
     np.testing.assert_allclose(internal_only, np.swapaxes(internal_only, 2, 3))
     assert not np.allclose(internal_only, np.swapaxes(internal_only, 0, 1))
     # Sites first, then internal, is a different map in general only through the diagonal
@@ -77,14 +79,14 @@ def test_vector_couplings_order_of_operations():
 def _force_and_minimum(s, x, J):
     """-grad E and the naive mean-field residual at s, and the minimum of E: one compilation,
     not one per operation."""
-    force = -jax.grad(ea.gaussian_spin_energy)(s, x, J)
-    minimum = ea.minimise(ea.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), max_steps=400)
-    return force, ea.naive_mean_field(s, x, J) - s, minimum
+    force = -jax.grad(mf.gaussian_spin_energy)(s, x, J)
+    minimum = ea.minimise(mf.GaussianSpinEnergy(J, x), jnp.zeros((5, 3)), max_steps=400)
+    return force, mf.naive_mean_field(s, x, J) - s, minimum
 
 
 def test_gaussian_spin_energy_stationary_point_is_naive_mean_field(getkey):
     W = 0.1 * jr.normal(getkey(), (5, 5, 3, 3))
-    J = ea.vector_couplings(W, sym_internal=True, sym_sites=True)
+    J = mf.vector_couplings(W, sym_internal=True, sym_sites=True)
     x = jr.normal(getkey(), (5, 3))
     s = jr.normal(getkey(), (5, 3))
     force, residual, minimum = _force_and_minimum(s, x, J)
@@ -98,7 +100,7 @@ def test_adaptive_tap_closed_form_for_gaussian_prior(getkey):
     """With a Gaussian prior adaptive TAP is exact: m* = (I - J)^{-1} x, and one linear-response
     update gives V* = I - [(I - J)^{-1}]_ii^{-1} whatever V was."""
     n, d = 4, 3
-    J = ea.vector_couplings(
+    J = mf.vector_couplings(
         jr.normal(getkey(), (n, n, d, d)) / np.sqrt(n * d * d), sym_internal=True, sym_sites=True
     )
     x = jr.normal(getkey(), (n, d))
@@ -111,11 +113,11 @@ def test_adaptive_tap_closed_form_for_gaussian_prior(getkey):
     def updates_and_fixed_point(starts, x, J):
         """One linear-response update from each start, and adaptive TAP's fixed point."""
         sol = ea.fixed_point(
-            lambda s, a: ea.tap_mean_field(s, *a),
+            lambda s, a: mf.tap_mean_field(s, *a),
             (jnp.zeros((n, d)), jnp.zeros((n, d, d))),
             (x, J),
         )
-        return [ea.tap_cavity_variances(V, J) for V in starts], sol
+        return [mf.tap_cavity_variances(V, J) for V in starts], sol
 
     updated, sol = updates_and_fixed_point(starts, x, J)
     for V in updated:
@@ -129,13 +131,13 @@ def test_adaptive_tap_closed_form_for_gaussian_prior(getkey):
 def test_bad_couplings_and_inputs(user_mode):
     J = jnp.zeros((4, 4, 3, 3))
     with pytest.raises(ValueError, match=r"couplings must have shape \(spins, spins, dim, dim\)"):
-        ea.vector_couplings(jnp.zeros((4, 4, 3)))
+        mf.vector_couplings(jnp.zeros((4, 4, 3)))
     with pytest.raises(ValueError, match="couplings must have shape"):
-        ea.vector_couplings(jnp.zeros((4, 5, 3, 3)))
+        mf.vector_couplings(jnp.zeros((4, 5, 3, 3)))
     with pytest.raises(ValueError, match=r"x must have shape \(spins=4, dim=3\)"):
-        ea.naive_mean_field(jnp.zeros((4, 3)), jnp.zeros((4, 2)), J)
+        mf.naive_mean_field(jnp.zeros((4, 3)), jnp.zeros((4, 2)), J)
     with pytest.raises(ValueError, match="V must have shape"):
-        ea.tap_spin_means(jnp.zeros((4, 3)), jnp.zeros((4, 2, 2)), jnp.zeros((4, 3)), J)
+        mf.tap_spin_means(jnp.zeros((4, 3)), jnp.zeros((4, 2, 2)), jnp.zeros((4, 3)), J)
     layer = ea.nn.MeanFieldAttention(4, 3, key=jr.key(0))
     with pytest.raises(ValueError, match=r"x must have shape \(spins=4, dim=3\)"):
         layer(jnp.zeros((4, 2)))
@@ -423,7 +425,7 @@ def test_one_naive_mean_field_step_is_a_transformer_block(getkey):
         expected = after_attention + jax.vmap(block.feed_forward)(after_attention)
         sol = block.fixed_point(x, solver=ea.Anderson(rtol=1e-12, atol=1e-12), throw=False)
         J = block.couplings(x)
-        mapped = ea.neural_mean_field(sol.value, x, J, lambda u: -block.feed_forward(u))
+        mapped = mf.neural_mean_field(sol.value, x, J, lambda u: -block.feed_forward(u))
         return block(x), expected, sol, mapped
 
     out, expected, sol, mapped = block_and_reference(block, attention, x)
@@ -441,12 +443,12 @@ def test_tap_hessian_makes_no_batched_lapack_call(getkey):
     # calls come from) holds no batched LAPACK call.
     n, d = 3, 2
     weights = 0.3 * jr.normal(getkey(), (n, n, d, d))
-    J = ea.vector_couplings(weights, sym_internal=True, sym_sites=True)
+    J = mf.vector_couplings(weights, sym_internal=True, sym_sites=True)
     x, m = jr.normal(getkey(), (n, d)), jr.normal(getkey(), (n, d))
     V = 0.1 * jnp.broadcast_to(jnp.eye(d), (n, d, d))
 
     def update(x):
-        m_next, V_next = ea.tap_mean_field((m, V), x, J)
+        m_next, V_next = mf.tap_mean_field((m, V), x, J)
         return jnp.sum(m_next**2) + jnp.sum(V_next**2)
 
     text = jax.jit(jax.hessian(update)).lower(x).as_text()

@@ -206,8 +206,8 @@ def test_float32_saddle_point_with_huge_fields():
     J = (J + J.T) / 2 - jnp.diag(jnp.diag(J + J.T) / 2)
     H = 1e15 * jr.normal(jr.key(1), (4, 3))
     saddle_point = eqx.filter_jit(ea.spin.saddle_point)  # compiled, not op by op
-    f32 = saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), 1.0, throw=False)
-    f64 = saddle_point(J, H, 1.0)
+    f32 = saddle_point(J.astype(jnp.float32), H.astype(jnp.float32), beta=1.0, throw=False)
+    f64 = saddle_point(J, H, beta=1.0)
     assert f32.value.dtype == jnp.float32
     assert bool(f32.converged)
     np.testing.assert_allclose(f32.value, f64.value, rtol=1e-5)
@@ -222,7 +222,7 @@ def test_the_audits_messages_name_their_cause(user_mode):
     with pytest.raises(ValueError, match="beta must be finite, got inf"):
         ea.nn.HopfieldAttention(4, beta=float("inf"), key=jr.key(0))(q)
     with pytest.raises(ValueError, match=r"J and H disagree.*\(4, 4\).*\(5, 3\)"):
-        ea.spin.saddle_point(0.1 * jnp.eye(4), jnp.ones((5, 3)), 1.0)
+        ea.spin.saddle_point(0.1 * jnp.eye(4), jnp.ones((5, 3)), beta=1.0)
     with pytest.raises(ValueError, match=r"^input must have shape \(stored, dim=4\), got \(3, 5\)"):
         ea.nn.Hopfield(4, key=jr.key(0))(jnp.ones((3, 5)))
     solution = eqx.filter_jit(ea.minimise)(

@@ -13,7 +13,7 @@ import pytest
 import energyattn as ea
 from energyattn._linalg import product
 
-sp = ea.spin
+smt = ea.spin.smt
 FIXTURE = Path(__file__).parent / "fixtures" / "smt_tap_fp_N8_D16.npz"
 TIGHT = ea.Anderson(rtol=0.0, atol=1e-13, history=5)
 # The derivatives' linear solves as tight as the solve: the default (GMRES to eps ** 0.6,
@@ -44,9 +44,9 @@ def system(seed, n=5, d=6):
 @jax.jit
 def _row_functions(theta, beta, R):
     """phi, phi_inverse of phi, gamma of that, and gamma: one program for every (beta, R)."""
-    m = sp.smt_phi(theta, beta=beta, R=R)
-    inverse = sp.smt_phi_inverse(m, beta=beta, R=R)
-    return m, inverse, sp.smt_gamma(inverse, beta=beta, R=R), sp.smt_gamma(theta, beta=beta, R=R)
+    m = smt.magnetization(theta, beta=beta, R=R)
+    inverse = smt.inverse_magnetization(m, beta=beta, R=R)
+    return m, inverse, smt.gamma(inverse, beta=beta, R=R), smt.gamma(theta, beta=beta, R=R)
 
 
 def test_row_functions():
@@ -103,8 +103,6 @@ def test_derivatives_through_the_matrix_products_equal_the_fused_ones(monkeypatc
     reverse mode reads a transposed copy (large sizes; forced here at a small size): the
     product's derivative rules inside the solver's loop, in both modes (their second order:
     the product's own test above)."""
-    from energyattn._energy import _smt
-
     x, J, R = system(7)
     dx, dJ = jr.normal(jr.key(17), x.shape), jr.normal(jr.key(27), J.shape)
     # Ten Picard steps, differentiated one by one: reverse mode transposes every product of
@@ -113,12 +111,12 @@ def test_derivatives_through_the_matrix_products_equal_the_fused_ones(monkeypatc
 
     def derivatives(x, J):
         loss = lambda x, J: jnp.sum(  # noqa: E731
-            sp.smt_magnetizations(x, J, R=R, max_steps=10, throw=False, **picard) ** 2
+            smt.steady_magnetizations(x, J, R=R, max_steps=10, throw=False, **picard) ** 2
         )
         return jax.grad(loss, argnums=(0, 1))(x, J), jax.jvp(loss, (x, J), (dx, dJ))[1]
 
     fused = jax.jit(derivatives)(x, J)
-    monkeypatch.setattr(_smt, "FUSED_PRODUCT_LIMIT", 0)
+    monkeypatch.setattr(smt, "FUSED_PRODUCT_LIMIT", 0)
     products = jax.jit(lambda x, J: derivatives(x, J))(x, J)  # traced again, with products
     for a, b in zip(jax.tree.leaves(products), jax.tree.leaves(fused), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
@@ -129,19 +127,17 @@ def test_tap_update_matches_the_written_sums(ref, fused, monkeypatch):
     """The matrix-product form of f equals the double sums of the equation, written out per
     spin with g0 carrying the updated spin's index i (the reference's convention): with its
     small products fused (broadcast and sum, the fixture's size) and as matrix products."""
-    from energyattn._energy import _smt
-
     if not fused:
-        monkeypatch.setattr(_smt, "FUSED_PRODUCT_LIMIT", 0)
+        monkeypatch.setattr(smt, "FUSED_PRODUCT_LIMIT", 0)
     x, J, beta, R = ref["x"], ref["J"], float(ref["beta"]), float(ref["R"])
     m1, m0 = ref["m_star_tight"], 0.9 * ref["m0"]
-    f = np.asarray(jax.jit(sp.smt_tap_update)(m1, m0, x, J, beta=beta, R=R))
+    f = np.asarray(jax.jit(smt.tap_field)(m1, m0, x, J, beta=beta, R=R))
     xj, Jj = jnp.asarray(x), jnp.asarray(J)
-    steady = jax.jit(lambda m: _smt.tap_field(m, m, xj, Jj, jnp.square(Jj), beta=beta, R=R))
+    steady = jax.jit(lambda m: smt._tap_field(m, m, xj, Jj, jnp.square(Jj), beta=beta, R=R))
     for same in (m1, m0):  # the steady state's map: one array as both (its field computed once)
         g = steady(jnp.asarray(same))
         np.testing.assert_allclose(
-            g, sp.smt_tap_update(same, same, x, J, beta=beta, R=R), rtol=1e-13, atol=1e-14
+            g, smt.tap_field(same, same, x, J, beta=beta, R=R), rtol=1e-13, atol=1e-14
         )
 
     def inv(m):
@@ -181,14 +177,14 @@ def fixture_solve(ref):
     @jax.jit
     def run(x, J):
         def loss(x, J):
-            m = sp.smt_magnetizations(x, J, beta=beta, R=R, m0=m0, solver=TIGHT, max_steps=300)
+            m = smt.steady_magnetizations(x, J, beta=beta, R=R, m0=m0, solver=TIGHT, max_steps=300)
             return jnp.sum(m**2), m
 
         (_, m), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, J)
-        default = sp.smt_steady_state(x, J, beta=beta, R=R, m0=m0)
+        default = smt.steady_state(x, J, beta=beta, R=R, m0=m0)
         # The same two solves from the reference's start (one first-order step from m0).
         reference_start = [
-            sp.smt_steady_state(x, J, beta=beta, R=R, m0=m0, start_steps=1, max_steps=300, **kw)
+            smt.steady_state(x, J, beta=beta, R=R, m0=m0, start_steps=1, max_steps=300, **kw)
             for kw in (dict(solver=TIGHT), {})
         ]
         return m, grads, default, reference_start
@@ -224,13 +220,13 @@ def test_the_start_changes_the_iterations_not_the_steady_state(ref, fixture_solv
         np.testing.assert_allclose(solution.value, ref["m_star_tight"], rtol=0, atol=1e-5)
     assert int(default.num_steps) < int(loose.num_steps)
     with pytest.raises(ValueError, match="start_steps"):
-        sp.smt_steady_state(ref["x"], ref["J"], R=ref["R"], start_steps=0)
+        smt.steady_state(ref["x"], ref["J"], R=ref["R"], start_steps=0)
 
 
 def _loss(x, J, beta, unrolled=False):
     """A loss through m*: implicit (tight Anderson and linear solves) or exactly 200 unrolled
     Picard steps (tolerance 0, so it never stops early)."""
-    m = sp.smt_steady_state(
+    m = smt.steady_state(
         x,
         J,
         beta=beta,
@@ -284,15 +280,15 @@ def test_failures_are_loud(user_mode):
     bad shapes and parameters fail at trace time naming the argument."""
     x, J, R = system(4)
     with pytest.raises(Exception, match="did not converge within `max_steps`"):
-        jax.block_until_ready(sp.smt_magnetizations(x, J, R=R, max_steps=2))
-    sol = sp.smt_steady_state(x, J, R=R, max_steps=2, throw=False)
+        jax.block_until_ready(smt.steady_magnetizations(x, J, R=R, max_steps=2))
+    sol = smt.steady_state(x, J, R=R, max_steps=2, throw=False)
     assert sol.result == ea.RESULTS.max_steps_reached
     with pytest.raises(ValueError, match="J"):
-        sp.smt_magnetizations(x, J[:3], R=R)
+        smt.steady_magnetizations(x, J[:3], R=R)
     with pytest.raises(ValueError, match="R"):
-        sp.smt_magnetizations(x, J, R=-1.0)
+        smt.steady_magnetizations(x, J, R=-1.0)
     with pytest.raises(ValueError, match="m0"):
-        sp.smt_magnetizations(x, J, R=R, m0=jnp.ones((2, 2)))
+        smt.steady_magnetizations(x, J, R=R, m0=jnp.ones((2, 2)))
 
 
 @eqx.filter_jit
@@ -316,7 +312,7 @@ def _layer_outputs(layer, scaled, x, mask):
 
 @jax.jit
 def _head_magnetizations(x, J, R, m0):
-    return sp.smt_magnetizations(x, J, R=R, m0=m0)
+    return smt.steady_magnetizations(x, J, R=R, m0=m0)
 
 
 def test_layer_follows_the_reference_conventions():

@@ -50,7 +50,7 @@ def symmetric(x):
 # float64 arrays, so that their values are traced, not baked into new programs.
 @eqx.filter_jit
 def _solve(J, H, beta, t0, kwargs):
-    return sp.saddle_point(J, H, beta, t0, **kwargs)
+    return sp.saddle_point(J, H, beta=beta, t0=t0, **kwargs)
 
 
 def solve(J, H, beta, t0=None, **kwargs):
@@ -66,7 +66,7 @@ def fixture_quantities(h, J_raw, beta, mode):
     """Values and exact gradients of the reference's two losses, in one compiled program."""
 
     def per_example(J, H, beta):
-        m, sol = sp.magnetizations(J, H, beta, mode=mode, return_solution=True)
+        m, sol = sp.magnetizations(J, H, beta=beta, mode=mode, return_solution=True)
         return m, sol
 
     def loss_msq(h, J_raw, beta):
@@ -76,7 +76,7 @@ def fixture_quantities(h, J_raw, beta, mode):
 
     def loss_afe(h, J_raw, beta):
         J = sp.symmetric_couplings(J_raw)
-        afe = jax.vmap(lambda H: sp.free_energy(J, H, beta, mode=mode))(h)
+        afe = jax.vmap(lambda H: sp.free_energy(J, H, beta=beta, mode=mode))(h)
         return jnp.sum(afe), afe
 
     (msq, (m, sol)), grads_msq = jax.value_and_grad(loss_msq, (0, 1, 2), has_aux=True)(
@@ -90,9 +90,9 @@ def fixture_quantities(h, J_raw, beta, mode):
         J=J,
         t=sol.value,
         steps=sol.num_steps,
-        phi=jax.vmap(lambda t, H: sp.phi(t, J, H, beta, mode=mode))(sol.value, h),
+        phi=jax.vmap(lambda t, H: sp.phi(t, J, H, beta=beta, mode=mode))(sol.value, h),
         phi_stat=sol.stats["value"],
-        hess=jax.vmap(lambda t, H: sp.phi_hessian(t, J, H, beta, mode=mode))(sol.value, h),
+        hess=jax.vmap(lambda t, H: sp.phi_hessian(t, J, H, beta=beta, mode=mode))(sol.value, h),
         m=m,
         afe=afe,  # free_energy = -log_partition / beta
         msq=msq,
@@ -140,10 +140,13 @@ def test_fixtures(mode):
 
 @eqx.filter_jit
 def derivatives(t, J, H, beta, mode):
-    analytic = sp.phi_grad(t, J, H, beta, mode=mode), sp.phi_hessian(t, J, H, beta, mode=mode)
+    analytic = (
+        sp.phi_grad(t, J, H, beta=beta, mode=mode),
+        sp.phi_hessian(t, J, H, beta=beta, mode=mode),
+    )
     autodiff = (
-        jax.grad(sp.phi)(t, J, H, beta, mode=mode),
-        jax.hessian(sp.phi)(t, J, H, beta, mode=mode),
+        jax.grad(sp.phi)(t, J, H, beta=beta, mode=mode),
+        jax.hessian(sp.phi)(t, J, H, beta=beta, mode=mode),
     )
     return analytic, autodiff
 
@@ -163,9 +166,9 @@ def test_large_systems_use_the_blocked_inverse():
     """N > 128 takes the blocked triangular inverse: gradient and Hessian still exact."""
     J, H = problem(3, n=131, d=3)
     t = 1.5 + np.linspace(0, 1, 131)
-    g, h = jax.jit(lambda t, J, H: (sp.phi_grad(t, J, H, 0.8), sp.phi_hessian(t, J, H, 0.8)))(
-        t, J, H
-    )
+    g, h = jax.jit(
+        lambda t, J, H: (sp.phi_grad(t, J, H, beta=0.8), sp.phi_hessian(t, J, H, beta=0.8))
+    )(t, J, H)
     A = np.linalg.inv(np.diag(t) - J)
     X = A @ H
     assert rel(g, 0.8 - 0.5 * np.diagonal(A) - 0.2 * np.sum(X**2, -1)) < 1e-12
@@ -175,17 +178,17 @@ def test_large_systems_use_the_blocked_inverse():
 @jax.jit
 def phi_checks(t, J, H, beta):
     skew = jnp.triu(jnp.ones_like(J), 1)
-    energy = sp.PhiEnergy(J, H, beta)
+    energy = sp.PhiEnergy(J, H, beta=beta)
     return dict(
-        phi=sp.phi(t, J, H, beta),
-        scalar=sp.phi(t[0], J, H, beta, mode="scalar"),
-        broadcast=sp.phi(jnp.full_like(t, t[0]), J, H, beta),
+        phi=sp.phi(t, J, H, beta=beta),
+        scalar=sp.phi(t[0], J, H, beta=beta, mode="scalar"),
+        broadcast=sp.phi(jnp.full_like(t, t[0]), J, H, beta=beta),
         energy=energy(t),
         energy_grad=jax.grad(2.0 * energy)(t),
-        grad=sp.phi_grad(t, J, H, beta),
-        skew=sp.phi(t, J + 0.1 * (skew - skew.T), H, beta),
-        outside=sp.phi(jnp.zeros_like(t), J, H, beta),
-        nan=sp.phi(jnp.full_like(t, jnp.nan), J, H, beta),
+        grad=sp.phi_grad(t, J, H, beta=beta),
+        skew=sp.phi(t, J + 0.1 * (skew - skew.T), H, beta=beta),
+        outside=sp.phi(jnp.zeros_like(t), J, H, beta=beta),
+        nan=sp.phi(jnp.full_like(t, jnp.nan), J, H, beta=beta),
     )
 
 
@@ -194,11 +197,11 @@ def test_saddle_point_above_newtons_dense_limit():
     Hessian products; the saddle point reads log Z off them, so it solves dense at every size
     (at N = 1024 it raised AttributeError in `_attach` before)."""
     J, H = problem(2, n=520, d=2)
-    solution = sp.saddle_point(J, H, 1.0)
+    solution = sp.saddle_point(J, H, beta=1.0)
     assert solution.result == ea.RESULTS.successful
-    assert np.max(np.abs(sp.phi_grad(solution.value, J, H, 1.0))) < 1e-9  # stationary
+    assert np.max(np.abs(sp.phi_grad(solution.value, J, H, beta=1.0))) < 1e-9  # stationary
     with pytest.raises(ValueError, match=r"dense Hessian.*'auto'.*520 unknowns"):
-        sp.saddle_point(J, H, 1.0, solver=ea.Newton())
+        sp.saddle_point(J, H, beta=1.0, solver=ea.Newton())
 
 
 def test_phi_formula_modes_and_domain():
@@ -220,10 +223,10 @@ def test_phi_formula_modes_and_domain():
     # Outside the domain phi is +inf (V = -J is indefinite: J is traceless); NaN stays NaN.
     assert out["outside"] == jnp.inf and np.isnan(out["nan"])
     with pytest.raises(eqx.EquinoxRuntimeError, match="not positive definite"):
-        eqx.filter_jit(sp.phi_grad)(np.zeros(5), J, H, np.asarray(1.0))
+        eqx.filter_jit(sp.phi_grad)(np.zeros(5), J, H, beta=np.asarray(1.0))
     # bfloat16 inputs work (computed in float32).
     bf16 = eqx.filter_jit(sp.phi)(
-        jnp.full(5, 2, jnp.bfloat16), J.astype(jnp.bfloat16), H.astype(jnp.bfloat16), 1.0
+        jnp.full(5, 2, jnp.bfloat16), J.astype(jnp.bfloat16), H.astype(jnp.bfloat16), beta=1.0
     )
     assert bf16.dtype == jnp.float32 and np.isfinite(bf16)
 
@@ -271,7 +274,7 @@ def test_vmapped_solves_stop_per_example():
     J, H = problem()
     starts = np.array([50.0, 3.0, 1.2, 8.0])[:, None] * np.ones(5)
     betas = np.array([1.0, 0.5, 2.0, 1.0])
-    batched = jax.jit(jax.vmap(lambda t0, b: sp.saddle_point(J, H, b, t0)))
+    batched = jax.jit(jax.vmap(lambda t0, b: sp.saddle_point(J, H, beta=b, t0=t0)))
     together = batched(starts, betas)
     alone = [solve(J, H, betas[i], starts[i]) for i in range(4)]
     steps = [int(s.num_steps) for s in alone]
@@ -305,7 +308,7 @@ def unrolled_saddle(J, H, beta, num_steps=10):
 
 
 def implicit_saddle(J, H, beta):
-    return sp.saddle_point(J, H, beta).value
+    return sp.saddle_point(J, H, beta=beta).value
 
 
 @jax.jit
@@ -343,7 +346,7 @@ def test_implicit_equals_unrolled_and_finite_differences():
 def second_order(J, H, beta, direction):
     """Derivatives of the magnetizations, which are themselves a gradient (of log Z): forward
     over reverse (jvp) and reverse over reverse (its transpose: the gradient of sum(sin m))."""
-    m, linear = jax.linearize(sp.magnetizations, J, H, beta)
+    m, linear = jax.linearize(lambda J, H, b: sp.magnetizations(J, H, beta=b), J, H, beta)
     grads = jax.linear_transpose(linear, J, H, beta)(jnp.cos(m))
     return jnp.sum(jnp.sin(m)), grads, m, linear(*direction)
 
@@ -359,7 +362,7 @@ def test_grad_of_grad_forward_over_reverse():
     plus, minus = (
         [x + s * v for x, v in zip((J, H, beta), direction, strict=True)] for s in (eps, -eps)
     )
-    m_plus, m_minus = magnetizations(*plus), magnetizations(*minus)
+    m_plus, m_minus = (magnetizations(J, H, beta=beta) for J, H, beta in (plus, minus))
     assert rel(dm, (m_plus - m_minus) / (2 * eps)) < 1e-8
     assert rel(loss, np.sum(np.sin(m))) < 1e-14
     pairing = sum(np.vdot(g, v) for g, v in zip(grads, direction, strict=True))
@@ -375,14 +378,14 @@ def test_grad_of_grad_forward_over_reverse():
 
 def test_magnetizations_closed_form_and_neumann_series():
     J, H = problem()
-    m, sol = magnetizations(J, H, np.asarray(0.9)), solve(J, H, 0.9)
+    m, sol = magnetizations(J, H, beta=np.asarray(0.9)), solve(J, H, 0.9)
     t = np.asarray(sol.value)
     V = np.diag(t) - np.asarray(J)
     assert rel(m, 0.45 * np.linalg.solve(V, H)) < 1e-12
     # Neumann series: term 0 is the residual-like (beta/2) h_i / t_i, the sum converges to m
     # at the rate of the spectral radius of T^-1 J.
     terms = np.asarray(
-        jax.jit(sp.neumann_series, static_argnames="num_terms")(t, J, H, 0.9, num_terms=40)
+        jax.jit(sp.neumann_series, static_argnames="num_terms")(t, J, H, beta=0.9, num_terms=40)
     )
     assert terms.shape == (40, 5, 4)
     np.testing.assert_allclose(terms[0], 0.45 * np.asarray(H) / t[:, None], rtol=1e-15)
@@ -398,10 +401,10 @@ def input_dependent(H, W_q, W_k):
     def couplings(H, W_q=W_q):
         return sp.input_couplings(H, W_q, W_k)
 
-    m, sol = sp.magnetizations(couplings, H, 1.0, return_solution=True)
+    m, sol = sp.magnetizations(couplings, H, beta=1.0, return_solution=True)
     # Envelope: at t*, the total derivative equals the partial one at fixed t.
     t_fixed = jax.lax.stop_gradient(sol.value)
-    partial = jax.grad(lambda H: sp.phi(t_fixed, couplings(H), H, 1.0))(H)
+    partial = jax.grad(lambda H: sp.phi(t_fixed, couplings(H), H, beta=1.0))(H)
     log_z = -0.5 * H.shape[0] * (1 + np.log(2.0)) + sol.stats["value"]  # log Z at beta = 1
     return m, sol, couplings(H), partial, log_z
 
@@ -452,7 +455,7 @@ def test_nonconvergence():
     assert sol.result == ea.RESULTS.max_steps_reached and sol.num_steps == 1
     assert sol.residual > 1e-6 and np.all(np.isfinite(sol.value))
     with pytest.raises(eqx.EquinoxRuntimeError, match="did not converge within `max_steps`"):
-        eqx.filter_jit(lambda J, H: sp.log_partition(J, H, 1.0, max_steps=1))(J, H)
+        eqx.filter_jit(lambda J, H: sp.log_partition(J, H, beta=1.0, max_steps=1))(J, H)
 
 
 def test_nonfinite_inputs():
@@ -470,50 +473,53 @@ def test_nonfinite_inputs():
     with pytest.raises(eqx.EquinoxRuntimeError, match="t0 contains NaN or inf"):
         solve(J, H, 1.0, t0_nan)
     with pytest.raises(eqx.EquinoxRuntimeError, match="H contains NaN or inf"):
-        magnetizations(J, H_nan, np.asarray(1.0))
+        magnetizations(J, H_nan, beta=np.asarray(1.0))
 
 
 def test_bad_beta_and_shapes(user_mode):
     J, H = problem()
     for beta in [0.0, -1.0]:
         with pytest.raises(ValueError, match="beta must be > 0"):
-            sp.saddle_point(J, H, beta)
+            sp.saddle_point(J, H, beta=beta)
         with pytest.raises(ValueError, match="beta must be > 0"):
-            sp.magnetizations(J, H, beta)
+            sp.magnetizations(J, H, beta=beta)
     with pytest.raises(eqx.EquinoxRuntimeError, match="beta must be > 0"):  # traced beta
         solve(J, H, -1.0, np.full(5, 1.5))
     with pytest.raises(ValueError, match=r"J and H disagree.*J has shape \(4, 4\).*\(5, 4\)"):
-        sp.phi(np.ones(5), J[:4, :4], H, 1.0)
+        sp.phi(np.ones(5), J[:4, :4], H, beta=1.0)
     with pytest.raises(ValueError, match=r"t must have shape \(spins=5\), got \(4,\)"):
-        sp.phi(np.ones(4), J, H, 1.0)
+        sp.phi(np.ones(4), J, H, beta=1.0)
     with pytest.raises(ValueError, match=r"t must have shape \(\) in scalar mode"):
-        sp.phi(np.ones(5), J, H, 1.0, mode="scalar")
+        sp.phi(np.ones(5), J, H, beta=1.0, mode="scalar")
     with pytest.raises(ValueError, match=r"t0 must have shape \(spins=5\), got \(\)"):
-        sp.saddle_point(J, H, 1.0, 1.0)
+        sp.saddle_point(J, H, beta=1.0, t0=1.0)
     with pytest.raises(ValueError, match="mode must be 'vector'"):
-        sp.saddle_point(J, H, 1.0, mode="matrix")
+        sp.saddle_point(J, H, beta=1.0, mode="matrix")
     with pytest.raises(ValueError, match="max_steps must be a positive integer"):
-        sp.saddle_point(J, H, 1.0, max_steps=2.5)
+        sp.saddle_point(J, H, beta=1.0, max_steps=2.5)
     with pytest.raises(ValueError, match="solver must be ea.Newton"):
-        sp.saddle_point(J, H, 1.0, solver=ea.Anderson())
+        sp.saddle_point(J, H, beta=1.0, solver=ea.Anderson())
     with pytest.raises(ValueError, match="rtol must be >= 0"):
-        sp.saddle_point(J, H, 1.0, solver=ea.Newton(rtol=-1.0))
+        sp.saddle_point(J, H, beta=1.0, solver=ea.Newton(rtol=-1.0))
     with pytest.raises(ValueError, match=r"needs Newton's dense Hessian.*'matrix-free'"):
-        sp.saddle_point(J, H, 1.0, solver=ea.Newton(jacobian="matrix-free"))
+        sp.saddle_point(J, H, beta=1.0, solver=ea.Newton(jacobian="matrix-free"))
 
 
 def test_public_names_are_documented():
-    for name in [n for n in dir(sp) if not n.startswith("_")]:
-        obj = getattr(sp, name)
-        if callable(obj) and getattr(obj, "__module__", "").startswith("energyattn"):
-            doc = obj.__doc__ or ""
-            assert "$$" in doc and "**Arguments:**" in doc and "??? cite" in doc, name
-            assert any(part.startswith("_") for part in obj.__module__.split(".")[1:]), name
+    """Every public function of `ea.spin` (AFEM's) and `ea.spin.smt` has its equation, its
+    arguments and its source, and lives in the module that holds its family."""
+    for module in (sp, sp.smt):
+        for name in getattr(module, "__all__", [n for n in dir(module) if n[0] != "_"]):
+            obj = getattr(module, name)
+            if callable(obj) and getattr(obj, "__module__", "").startswith("energyattn"):
+                doc = obj.__doc__ or ""
+                assert "$$" in doc and "**Arguments:**" in doc and "??? cite" in doc, name
+                assert obj.__module__ in ("energyattn.spin.afem", "energyattn.spin.smt"), name
 
 
 @jax.jit
 def float32_batch(J, H):
-    solution = jax.vmap(lambda J, H: sp.saddle_point(J, H, 1.0))(J, H)
+    solution = jax.vmap(lambda J, H: sp.saddle_point(J, H, beta=1.0))(J, H)
     return solution.value, solution.num_steps, solution.result == ea.RESULTS.successful
 
 
@@ -548,7 +554,7 @@ def test_a_start_at_the_wall_of_the_domain_still_reaches_the_saddle(dtype):
     t_star = np.asarray(solve(J, H, 1.0).value)
     wall = np.linalg.eigvalsh(J)[-1] + 1e-3  # V = (wall) I - J: smallest eigenvalue 1e-3
     J, H = J.astype(dtype), H.astype(dtype)
-    sol = eqx.filter_jit(sp.saddle_point)(J, H, dtype(1.0), t0=np.full(5, wall, dtype))
+    sol = eqx.filter_jit(sp.saddle_point)(J, H, beta=dtype(1.0), t0=np.full(5, wall, dtype))
     assert sol.value.dtype == dtype and sol.result == ea.RESULTS.successful
     assert sol.num_steps > 5  # it had to walk away from the wall
     tol = 1e-4 if dtype == np.float32 else 1e-10

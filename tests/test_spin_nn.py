@@ -21,7 +21,7 @@ def rel(actual, expected):
 
 def reference_layer(f):
     """The fixture's layer: its J_raw and LayerNorm parameters."""
-    layer = ea.nn.VectorSpinAttention(8, 16, 1.0, dtype=jnp.float64, key=jax.random.key(0))
+    layer = ea.nn.VectorSpinAttention(8, 16, beta=1.0, dtype=jnp.float64, key=jax.random.key(0))
     params = (jnp.asarray(f["J_raw"]), jnp.asarray(f["ln_weight"]), jnp.asarray(f["ln_bias"]))
     return eqx.tree_at(lambda m: (m.J_raw, m.norm.weight, m.norm.bias), layer, params)
 
@@ -79,7 +79,7 @@ def test_training_step_input_dependent_couplings():
     rng = np.random.default_rng(0)
     x, target = rng.standard_normal((3, 6, 8)), 0.2 * rng.standard_normal((3, 6, 8))
     layer = ea.nn.VectorSpinAttention(
-        6, 8, 1.0, input_dependent=True, dtype=jnp.float64, key=jax.random.key(1)
+        6, 8, beta=1.0, input_dependent=True, dtype=jnp.float64, key=jax.random.key(1)
     )
     assert layer.J_raw is None and layer.query_proj is not None
     before, after, grads = sgd_step(layer, x, target, np.asarray(0.1))
@@ -109,7 +109,7 @@ def test_warm_start_and_bad_input(user_mode):
     with pytest.raises(ValueError, match=r"x must have shape \(spins=8, dim=16\), got \(8, 12\)"):
         layer(np.ones((8, 12)))
     with pytest.raises(ValueError, match="beta must be > 0"):
-        ea.nn.VectorSpinAttention(8, 16, 0.0, key=jax.random.key(0))
+        ea.nn.VectorSpinAttention(8, 16, beta=0.0, key=jax.random.key(0))
     with pytest.raises(ValueError, match="mode must be 'vector'"):
         ea.nn.VectorSpinAttention(8, 16, mode="both", key=jax.random.key(0))
 
@@ -131,10 +131,10 @@ def test_spin_plots_write_pngs(tmp_path):
     f = dict(np.load(FIXTURE))
     J, H = np.asarray(ea.spin.symmetric_couplings(f["J_raw"])), f["h"][0]
     paths = [
-        ea.viz.plot_spin_phi(J, H, 1.0, tmp_path / "phi.png", num_points=16, title="phi"),
+        ea.viz.plot_spin_phi(J, H, tmp_path / "phi.png", beta=1.0, num_points=16, title="phi"),
         ea.viz.plot_spin_beta_sweep(J, H, [0.5, 2.0], tmp_path / "beta.png", num_points=16),
         ea.viz.plot_spin_landscape(
-            J[:2, :2], H[:2], 1.0, tmp_path / "landscape.png", num_points=12
+            J[:2, :2], H[:2], tmp_path / "landscape.png", beta=1.0, num_points=12
         ),
     ]
     for path in paths:
@@ -142,6 +142,6 @@ def test_spin_plots_write_pngs(tmp_path):
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
         assert np.std(image[..., :3]) > 0.01  # something was drawn
     with pytest.raises(ValueError, match="exactly 2 spins"):
-        ea.viz.plot_spin_landscape(J, H, 1.0, tmp_path / "no.png")
+        ea.viz.plot_spin_landscape(J, H, tmp_path / "no.png", beta=1.0)
     with pytest.raises(ValueError, match="betas must be"):
         ea.viz.plot_spin_beta_sweep(J, H, [1.0, -1.0], tmp_path / "no.png")

@@ -174,7 +174,7 @@ def run_sweep_demo(
     start = time.perf_counter()
     k_layer, k_x = jr.split(jr.key(seed))
     layer = ea.nn.VectorSpinAttention(
-        num_spins, dim, beta, input_dependent=input_dependent, key=k_layer
+        num_spins, dim, beta=beta, input_dependent=input_dependent, key=k_layer
     )
     x = jr.normal(k_x, (num_spins, dim)) / np.sqrt(dim)
     H = layer.fields(x)
@@ -188,8 +188,8 @@ def run_sweep_demo(
 
     @jax.jit
     def solve(b: Any) -> dict[str, Any]:
-        m, solution = ea.spin.magnetizations(J, H, b, return_solution=True)
-        log_z = ea.spin.log_partition(J, H, b, solution.value)
+        m, solution = ea.spin.magnetizations(J, H, beta=b, return_solution=True)
+        log_z = ea.spin.log_partition(J, H, beta=b, t0=solution.value)
         return {
             "t_star": solution.value,
             "steps": solution.num_steps,
@@ -223,8 +223,8 @@ def run_sweep_demo(
         "phi": ea.viz.plot_spin_phi(
             J,
             H,
-            beta,
             out / "phi.png",
+            beta=beta,
             num_points=num_points,
             title=f"phi(t) of {num_spins} spins (scalar t), beta = {beta:g}",
         ),
@@ -239,8 +239,8 @@ def run_sweep_demo(
         "landscape": ea.viz.plot_spin_landscape(
             J[:2, :2],
             H[:2],
-            beta,
             out / "landscape.png",
+            beta=beta,
             num_points=max(num_points // 4, 2),
             title="two spins: phi(t1, t2)",
         ),

@@ -43,20 +43,6 @@ from ._local import (
     project_couplings as project_couplings,
     pseudo_likelihood_energy as pseudo_likelihood_energy,
 )
-from ._mean_field import (
-    GaussianSpinEnergy as GaussianSpinEnergy,
-    apply_couplings as apply_couplings,
-    attention_couplings as attention_couplings,
-    check_couplings as check_couplings,
-    gaussian_spin_energy as gaussian_spin_energy,
-    naive_mean_field as naive_mean_field,
-    neural_mean_field as neural_mean_field,
-    tap_cavity_variances as tap_cavity_variances,
-    tap_mean_field as tap_mean_field,
-    tap_spin_means as tap_spin_means,
-    transformer_block_as_mean_field as transformer_block_as_mean_field,
-    vector_couplings as vector_couplings,
-)
 from ._rbm import (
     AbstractHiddenPrior as AbstractHiddenPrior,
     BernoulliPrior as BernoulliPrior,
@@ -69,34 +55,6 @@ from ._rbm import (
     cumulant as cumulant,
     rbm_effective_energy as rbm_effective_energy,
     rbm_joint_energy as rbm_joint_energy,
-)
-from ._smt import (
-    coupling_product as coupling_product,
-    smt_gamma as smt_gamma,
-    smt_phi as smt_phi,
-    smt_phi_inverse as smt_phi_inverse,
-    smt_tap_update as smt_tap_update,
-    tap_field as tap_field,
-)
-from ._spin import (
-    Mode as Mode,
-    Parts as Parts,
-    PhiEnergy as PhiEnergy,
-    check_mode as check_mode,
-    check_system as check_system,
-    check_t as check_t,
-    domain_value as domain_value,
-    expand as expand,
-    factor as factor,
-    grad_hess_from as grad_hess_from,
-    grad_hess_tp as grad_hess_tp,
-    input_couplings as input_couplings,
-    parts_from_factor as parts_from_factor,
-    phi as phi,
-    phi_grad as phi_grad,
-    phi_hessian as phi_hessian,
-    phi_terms as phi_terms,
-    symmetric_couplings as symmetric_couplings,
 )
 from ._transformer import (
     TransformerAttentionEnergy as TransformerAttentionEnergy,

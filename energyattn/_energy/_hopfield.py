@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
+from .._deprecated import keyword_only
 from .._sharding import split_rows
 from ._attention import (
     BlockSize,
@@ -322,12 +323,13 @@ class ExponentialSeparation(eqx.Module):
 
     **Arguments:**
 
-    - `beta`: the rate $\beta > 0$ (default 1, the seed's $e^{x}$).
+    - `beta`: the rate $\beta > 0$ (default 1, the seed's $e^{x}$; keyword only).
     """
 
     beta: Float[Array, ""]
 
-    def __init__(self, beta: ScalarLike = 1.0):
+    @keyword_only("ea.ExponentialSeparation", "beta")
+    def __init__(self, *, beta: ScalarLike = 1.0):
         self.beta = check_positive("beta", beta)
 
     def __call__(self, x: Float[Array, "*shape"]) -> Float[Array, "*shape"]:

@@ -41,6 +41,7 @@ from .._checks import (
     shape_str,
 )
 from .._custom_types import Scalar
+from .._deprecated import keyword_only
 from .._energy import AbstractEnergy, hopfield_energy
 from .._solver import (
     MinimiseProblem,
@@ -73,13 +74,24 @@ class HopfieldHeadsEnergy(AbstractEnergy):
     **Arguments:**
 
     - `keys`: the stored patterns in Hopfield space, shape `(heads, stored, hidden_size)`.
-    - `beta`: the inverse temperature of each head, shape `(heads,)`.
-    - `mask`: optional boolean `(state_len, stored)`, `True` where attending is allowed.
+    - `beta`: the inverse temperature of each head, shape `(heads,)` (keyword only).
+    - `mask`: optional boolean `(state_len, stored)`, `True` where attending is allowed
+      (keyword only; default: everywhere).
     """
 
     keys: Float[Array, "heads stored dim"]
     beta: Float[Array, " heads"]
     mask: Bool[Array, "seq stored"] | None
+
+    @keyword_only("ea.nn.HopfieldHeadsEnergy", "beta", "mask")
+    def __init__(
+        self,
+        keys: Float[Array, "heads stored dim"],
+        *,
+        beta: Float[Array, " heads"],
+        mask: Bool[Array, "seq stored"] | None = None,
+    ):
+        self.keys, self.beta, self.mask = keys, beta, mask
 
     def __call__(self, x: Float[Array, "heads seq dim"], args: Any = None) -> Scalar:
         check_shape("x", x, "heads seq dim", heads=self.keys.shape[0], dim=self.keys.shape[2])
@@ -643,7 +655,7 @@ class Hopfield(eqx.Module):
         # (implicit function theorem).
         q_const, k_const, beta_const = no_grad((q, k, beta))
         steps, xi, _ = jax.vmap(head)(q_const, k_const, beta_const, limits, eps)
-        energy = HopfieldHeadsEnergy(k, beta, allowed)
+        energy = HopfieldHeadsEnergy(k, beta=beta, mask=allowed)
         problem, flat, unravel = flatten_problem(MinimiseProblem, energy, xi, None)
         xi = unravel(implicit_value(flat, problem, None))
         return jax.vmap(association)(xi, k, beta), steps
@@ -743,7 +755,7 @@ class Hopfield(eqx.Module):
         num_steps=T)` makes the layer's $T$ updates; `ea.minimise` finds the fixed point.
         """
         q, k, _, allowed = self._prepare(input, stored_pattern_padding_mask, association_mask, mask)
-        return HopfieldHeadsEnergy(k, self.scaling, allowed), q
+        return HopfieldHeadsEnergy(k, beta=self.scaling, mask=allowed), q
 
     # ------------------------------------------------------------------ PyTorch weights
 

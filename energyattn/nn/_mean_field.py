@@ -12,15 +12,6 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
-from .._energy import (
-    attention_couplings,
-    check_couplings,
-    neural_mean_field,
-    tap_cavity_variances,
-    tap_spin_means,
-    transformer_block_as_mean_field,
-    vector_couplings,
-)
 from .._solver import (
     AbstractAdjoint,
     AbstractIterativeSolver,
@@ -28,6 +19,15 @@ from .._solver import (
     ImplicitAdjoint,
     Solution,
     fixed_point,
+)
+from ..spin.mean_field import (
+    attention_couplings,
+    check_couplings,
+    neural_mean_field,
+    tap_cavity_variances,
+    tap_spin_means,
+    transformer_block_as_mean_field,
+    vector_couplings,
 )
 
 Variant = Literal["neural", "tap"]
@@ -57,18 +57,21 @@ class MeanFieldAttention(eqx.Module):
     r"""Deep implicit attention: the spin means of a vector-spin system probed by the inputs.
 
     The inputs $x_i$ are the external fields on $N$ sites of $d$-dimensional spins with
-    learned couplings $J_{ij}$ ([`ea.vector_couplings`][energyattn.vector_couplings] of the raw
-    `weight`); the output is a fixed point of mean-field equations, found by
+    learned couplings $J_{ij}$
+    ([`ea.spin.mean_field.vector_couplings`][energyattn.spin.mean_field.vector_couplings] of
+    the raw `weight`); the output is a fixed point of mean-field equations, found by
     [`ea.fixed_point`][energyattn.fixed_point] and differentiated implicitly. Two variants:
 
     - `"neural"` (fast): $z_i = \sum_j J_{ij} z_j - f_\theta(z_i) + x_i$, with an MLP
       $f_\theta$ ($d \to$ `hidden` $\to d$, exact GELU) amortising the Onsager correction
-      ([`ea.neural_mean_field`][energyattn.neural_mean_field]). State $z$, `(spins, dim)`.
+      ([`ea.spin.mean_field.neural_mean_field`][energyattn.spin.mean_field.neural_mean_field]).
+      State $z$, `(spins, dim)`.
     - `"tap"` (slow and explicit): adaptive TAP with a unit Gaussian prior, state $(m, V)$ of
       spin means and $d\times d$ cavity variances
-      ([`ea.tap_spin_means`][energyattn.tap_spin_means]); with `lin_response=True` the
-      cavity variances follow the linear-response self-consistency
-      ([`ea.tap_cavity_variances`][energyattn.tap_cavity_variances]), a dense
+      ([`ea.spin.mean_field.tap_spin_means`][energyattn.spin.mean_field.tap_spin_means]);
+      with `lin_response=True` the cavity variances follow the linear-response
+      self-consistency
+      ([`tap_cavity_variances`][energyattn.spin.mean_field.tap_cavity_variances]), a dense
       $(Nd)\times(Nd)$ solve per iteration, $O(N^3d^3)$; with `lin_response=False` they stay
       0 and this is naive mean field, $m = (I - J)^{-1}x$.
 
@@ -90,7 +93,9 @@ class MeanFieldAttention(eqx.Module):
       $1/\sqrt{N d^2}$, so $\lVert J\rVert = O(1)$, as the seed recommends).
     - `solver`, `adjoint`, `max_steps`: passed to `ea.fixed_point`; the solver carries the
       tolerances (defaults like the seed's: `ea.Anderson(rtol=1e-4, atol=1e-6)`, implicit
-      backward, 40 steps).
+      backward, 40 steps). The 40 is the seed's forward budget (its DEQ's
+      `solver_fwd_max_iter=40`), kept as part of the model the seed describes (a layer
+      trained at a bounded cost per step) instead of the package's default of 256.
     - `contraction`: `"neural"` only. When set to $c \in (0, 1)$, the couplings and the
       correction are shrunk together (by $\min(1, c/B)$, $B$ the
       [`lipschitz_bound`][energyattn.nn.MeanFieldAttention.lipschitz_bound]) so the map is a
@@ -296,10 +301,11 @@ class MeanFieldTransformerBlock(eqx.Module):
     $$J_{ij}(X) = \sum_h \operatorname{softmax}_j(q^h_i\cdot k^h_j/\sqrt Y)\, W_O^hW_V^h,\quad
       X' = J(X)X + X,\quad \text{out} = X' - f_\theta(X'),\; f_\theta = -\mathrm{FF},$$
 
-    ([`ea.attention_couplings`][energyattn.attention_couplings],
-    [`ea.transformer_block_as_mean_field`][energyattn.transformer_block_as_mean_field]): the
-    residual connection is the source term and the feed-forward layer the amortised Onsager
-    correction. [`fixed_point`][energyattn.nn.MeanFieldTransformerBlock.fixed_point] instead
+    (`ea.spin.mean_field`'s
+    [`attention_couplings`][energyattn.spin.mean_field.attention_couplings] and
+    [`transformer_block_as_mean_field`][energyattn.spin.mean_field.transformer_block_as_mean_field]):
+    the residual connection is the source term and the feed-forward layer the amortised
+    Onsager correction. [`fixed_point`][energyattn.nn.MeanFieldTransformerBlock.fixed_point] instead
     solves $z = J(X)z + \mathrm{FF}(z) + X$ with the couplings frozen at $J(X)$: the same
     block, made deep and implicit.
 

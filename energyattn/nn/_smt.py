@@ -18,8 +18,8 @@ from .._checks import (
 )
 from .._custom_types import ScalarLike
 from .._hyperparameters import hyperparameter, hyperparameter_fields
-from .._solver import AbstractAdjoint, AbstractIterativeSolver, Solution
-from ..spin import smt_steady_state
+from .._solver import DEFAULT_MAX_STEPS, AbstractAdjoint, AbstractIterativeSolver, Solution
+from ..spin.smt import steady_state
 from ._common import linear
 
 
@@ -34,7 +34,7 @@ class SpinTransformerAttention(eqx.Module):
     `dim` outputs, $k$ the rest, head $h$ in columns $hd$ to $(h+1)d$); the couplings are
     $J_h = \operatorname{softmax}(q_h k_h^\top)$ row-wise (asymmetric; no $1/\sqrt d$ unless
     `scale_couplings=True`); the output is the heads' steady-state magnetizations
-    ([`ea.spin.smt_magnetizations`][energyattn.spin.smt_magnetizations] with inputs
+    ([`ea.spin.smt.steady_magnetizations`][energyattn.spin.smt.steady_magnetizations] with inputs
     $\hat x_h$, couplings $J_h$ and $m_0 = \mathbf 1/\sqrt d$), concatenated, shape
     `(tokens, dim)`. There is no value or output projection. The steady state is found by
     Anderson acceleration and differentiated implicitly, so the layer trains with
@@ -51,10 +51,10 @@ class SpinTransformerAttention(eqx.Module):
     - `scale_couplings`: divide $q_h k_h^\top$ by $\sqrt d$ before the softmax (default
       `False`, as the reference).
     - `solver`, `adjoint`, `max_steps`, `start_steps`, `throw`: passed to
-      [`ea.spin.smt_steady_state`][energyattn.spin.smt_steady_state] (default
-      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 100 steps,
-      a start after 5 iterations of the first-order mean-field map, raise when a head does
-      not converge).
+      [`ea.spin.smt.steady_state`][energyattn.spin.smt.steady_state] (default
+      `ea.Anderson(rtol=1e-5, atol=1e-6, history=5)`, implicit derivatives, 256 steps (the
+      package's one bound), a start after 5 iterations of the first-order mean-field map,
+      raise when a head does not converge).
     - `dtype`: parameter dtype; `key`: PRNG key (keyword only).
 
     !!! warning "On CPU"
@@ -71,7 +71,7 @@ class SpinTransformerAttention(eqx.Module):
     """
 
     to_qk: eqx.nn.Linear
-    solver: AbstractIterativeSolver | None  # None: smt_steady_state's default
+    solver: AbstractIterativeSolver | None  # None: steady_state's default
     adjoint: AbstractAdjoint | None
     dim: int = eqx.field(static=True)
     num_heads: int = eqx.field(static=True)
@@ -93,8 +93,8 @@ class SpinTransformerAttention(eqx.Module):
         scale_couplings: bool = False,
         solver: AbstractIterativeSolver | None = None,
         adjoint: AbstractAdjoint | None = None,
-        max_steps: int = 100,
-        start_steps: int = 5,  # as smt_steady_state's default
+        max_steps: int = DEFAULT_MAX_STEPS,
+        start_steps: int = 5,  # as steady_state's default
         throw: bool = True,
         dtype: Any = None,
         key: PRNGKeyArray,
@@ -221,7 +221,7 @@ class SpinTransformerAttention(eqx.Module):
         J = self._couplings(inputs, mask)
 
         def head(x_h, J_h):
-            return smt_steady_state(
+            return steady_state(
                 x_h,
                 J_h,
                 beta=self.beta,

@@ -11,10 +11,10 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
 from .._custom_types import ScalarLike
-from .._energy import Mode, check_mode, input_couplings, symmetric_couplings
+from .._deprecated import keyword_only
 from .._hyperparameters import hyperparameter, hyperparameter_fields
-from .._solver import Newton, Solution
-from ..spin import magnetizations
+from .._solver import DEFAULT_MAX_STEPS, Newton, Solution
+from ..spin.afem import Mode, check_mode, input_couplings, magnetizations, symmetric_couplings
 from ._common import linear
 
 
@@ -43,15 +43,15 @@ class VectorSpinAttention(eqx.Module):
     - `num_spins`: the number of spins $N$ (the sequence length; with input-dependent
       couplings any length works).
     - `dim`: the feature size $D$ of each input.
-    - `beta`: inverse temperature $\beta > 0$ (default 1).
+    - `beta`: inverse temperature $\beta > 0$ (default 1; keyword only).
     - `trainable_beta`: learn $\beta$ (default `False`: a fixed hyperparameter; see
       [the convention](../api/nn.md#hyperparameters-fixed-or-trained)).
     - `input_dependent`: use the couplings $J(H)$ (parameters $W_q$, $W_k$) instead of a
       coupling matrix.
     - `mode`: `"vector"` (default; one auxiliary $t_i$ per spin) or `"scalar"`.
     - `solver`: the [`ea.Newton`][energyattn.Newton] that finds the saddle point (its
-      tolerances), and `max_steps` its most steps, as in
-      [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
+      tolerances), and `max_steps` its most steps (default 256, the package's one bound), as
+      in [`ea.spin.saddle_point`][energyattn.spin.saddle_point].
     - `throw`: raise (at run time) when the input is NaN/inf or the saddle point is not
       found (default). With `False` nothing raises, and under `jax.vmap` every example
       keeps its own answer: a failed example's magnetizations are NaN and its result code
@@ -79,17 +79,18 @@ class VectorSpinAttention(eqx.Module):
     max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
+    @keyword_only("ea.nn.VectorSpinAttention", "beta")
     def __init__(
         self,
         num_spins: int,
         dim: int,
-        beta: ScalarLike = 1.0,
         *,
+        beta: ScalarLike = 1.0,
         trainable_beta: bool = False,
         input_dependent: bool = False,
         mode: Mode = "vector",
         solver: Newton | None = None,
-        max_steps: int = 50,
+        max_steps: int = DEFAULT_MAX_STEPS,
         throw: bool = True,
         dtype: Any = None,
         key: PRNGKeyArray,
@@ -185,8 +186,8 @@ class VectorSpinAttention(eqx.Module):
         return magnetizations(
             couplings,
             H,
-            self.beta,
-            t0,
+            beta=self.beta,
+            t0=t0,
             mode=self.mode,
             solver=self.solver,
             max_steps=self.max_steps,

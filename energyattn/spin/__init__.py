@@ -1,32 +1,33 @@
-"""The vector-spin model of AFEM (approximate free energy minimisation), as `ea.spin`.
+"""The vector-spin family, as `ea.spin`: one module each with its equations and its solves.
 
-A system of vector spins with couplings `J` (spins, spins) in fields `H` (spins, dim) at inverse
-temperature `beta`: the steepest-descent function `phi(t)` of its auxiliary variables, the
-saddle point `t*` (`ea.Newton` through the solver engine, differentiated implicitly),
-`log_partition`, `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with
-respect to `H`). And the spin-model transformer's non-equilibrium (TAP) mean-field
-functions `smt_*`, whose steady state `smt_magnetizations` is the output of
-`ea.nn.SpinTransformerAttention`.
-Everything is unbatched; use `jax.vmap` for batches.
+- `ea.spin.afem`: the equilibrium model of AFEM (approximate free energy minimisation):
+  couplings `J` (spins, spins) and fields `H` (spins, dim) at inverse temperature `beta`,
+  the steepest-descent function `phi(t)` of its auxiliary variables, the saddle point `t*`
+  (`ea.Newton` through the solver engine, differentiated implicitly), `log_partition`,
+  `free_energy` and `magnetizations` (`jax.grad` of `log_partition` with respect to `H`).
+  Its names are also `ea.spin.*` (`ea.spin.phi`, `ea.spin.saddle_point`, ...), the
+  package's primary interface.
+- `ea.spin.smt`: spin-model transformers, the second-order (TAP) mean-field theory of vector
+  spins with asymmetric couplings and its steady state, the output of
+  `ea.nn.SpinTransformerAttention`.
+- `ea.spin.mean_field`: deep implicit attention's mean-field maps (naive, adaptive TAP,
+  neural) of vector spins with block couplings, which `ea.nn.MeanFieldAttention` solves.
+
+`beta` is keyword-only. Everything is unbatched; use `jax.vmap` for batches.
 """
 
-from .._energy import (
+from .._deprecated import spin_getattr as __getattr__  # noqa: F401 (old names, deprecated)
+from . import afem as afem, mean_field as mean_field, smt as smt
+from .afem import (
     PhiEnergy as PhiEnergy,
-    input_couplings as input_couplings,
-    phi as phi,
-    phi_grad as phi_grad,
-    phi_hessian as phi_hessian,
-    smt_gamma as smt_gamma,
-    smt_phi as smt_phi,
-    smt_phi_inverse as smt_phi_inverse,
-    smt_tap_update as smt_tap_update,
-    symmetric_couplings as symmetric_couplings,
-)
-from ._afem import (
     free_energy as free_energy,
+    input_couplings as input_couplings,
     log_partition as log_partition,
     magnetizations as magnetizations,
     neumann_series as neumann_series,
+    phi as phi,
+    phi_grad as phi_grad,
+    phi_hessian as phi_hessian,
     saddle_point as saddle_point,
+    symmetric_couplings as symmetric_couplings,
 )
-from ._smt import smt_magnetizations as smt_magnetizations, smt_steady_state as smt_steady_state

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .._deprecated import keyword_only
 from ._figure import new_figure, save
 from ._spin_numbers import (
     phi_on_scalar_grid,
@@ -50,12 +51,13 @@ def _t_grid(J: Any, t_star: float, t_range: Any, num_points: int) -> np.ndarray:
     return np.linspace(low, high, num_points)
 
 
+@keyword_only("ea.viz.plot_spin_phi", "beta", "path")
 def plot_spin_phi(
     J: Any,
     H: Any,
-    beta: float | int,
     path: str | os.PathLike,
     *,
+    beta: float | int,
     t_range: tuple[float, float] | None = None,
     num_points: int = 400,
     title: str | None = None,
@@ -75,8 +77,8 @@ def plot_spin_phi(
 
     - `J`: couplings, shape `(spins, spins)`.
     - `H`: fields, shape `(spins, dim)`.
-    - `beta`: inverse temperature $\beta > 0$.
     - `path`: the file to write.
+    - `beta`: inverse temperature $\beta > 0$ (keyword only).
     - `t_range`: `(low, high)`; default from below the domain's edge to well past $t^*$.
     - `num_points`: grid size.
     - `title`: optional figure title.
@@ -198,12 +200,13 @@ def plot_spin_beta_sweep(
     return save(figure, path, title, fontsize=11)
 
 
+@keyword_only("ea.viz.plot_spin_landscape", "beta", "path")
 def plot_spin_landscape(
     J: Any,
     H: Any,
-    beta: float | int,
     path: str | os.PathLike,
     *,
+    beta: float | int,
     t_range: tuple[float, float] | None = None,
     num_points: int = 120,
     title: str | None = None,
@@ -222,8 +225,8 @@ def plot_spin_landscape(
 
     - `J`: couplings of two spins, shape `(2, 2)`.
     - `H`: fields, shape `(2, dim)`.
-    - `beta`: inverse temperature $\beta > 0$.
     - `path`: the file to write.
+    - `beta`: inverse temperature $\beta > 0$ (keyword only).
     - `t_range`: `(low, high)` for both axes; default from 0 to a few times $t^*$.
     - `num_points`: grid points per axis.
     - `title`: optional figure title.

@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._energy import check_system
-from ..spin import free_energy, phi, saddle_point
+from ..spin.afem import check_system, free_energy, phi, saddle_point
 
 
 def spin_system(J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
@@ -20,7 +19,7 @@ def spin_system(J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
 @jax.jit
 def _scalar_curves(ts: Any, J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
     def f(t: Any) -> Any:
-        return phi(t, J, H, beta, mode="scalar")
+        return phi(t, J, H, beta=beta, mode="scalar")
 
     def one(t: Any) -> tuple[Any, Any, Any]:
         return f(t), jax.grad(f)(t), jax.grad(jax.grad(f))(t)
@@ -40,9 +39,9 @@ def phi_on_scalar_grid(J: Any, H: Any, beta: Any, ts: Any) -> dict[str, np.ndarr
 
 @jax.jit
 def _scalar_saddle(J: Any, H: Any, beta: Any) -> tuple[Any, Any, Any]:
-    solution = saddle_point(J, H, beta, mode="scalar")
+    solution = saddle_point(J, H, beta=beta, mode="scalar")
     # Warm-started at t*, the free energy's own solve stops at once.
-    energy = free_energy(J, H, beta, jax.lax.stop_gradient(solution.value), mode="scalar")
+    energy = free_energy(J, H, beta=beta, t0=jax.lax.stop_gradient(solution.value), mode="scalar")
     return solution.value, solution.stats["value"], energy
 
 
@@ -54,7 +53,7 @@ def scalar_saddle(J: Any, H: Any, beta: Any) -> tuple[float, float, float]:
 
 @jax.jit
 def _vector_saddle(J: Any, H: Any, beta: Any) -> Any:
-    return saddle_point(J, H, beta).value
+    return saddle_point(J, H, beta=beta).value
 
 
 def vector_saddle(J: Any, H: Any, beta: Any) -> np.ndarray:
@@ -64,7 +63,7 @@ def vector_saddle(J: Any, H: Any, beta: Any) -> np.ndarray:
 
 @jax.jit
 def _landscape(ts: Any, J: Any, H: Any, beta: Any) -> Any:
-    return jax.vmap(lambda t: phi(t, J, H, beta))(ts)
+    return jax.vmap(lambda t: phi(t, J, H, beta=beta))(ts)
 
 
 def phi_on_vector_grid(J: Any, H: Any, beta: Any, ts: Any) -> np.ndarray:

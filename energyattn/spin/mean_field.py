@@ -1,10 +1,18 @@
-r"""Mean-field equations of vector-spin (Ising-like) systems: the deep-implicit-attention maps.
+r"""Mean-field equations of vector-spin (Ising-like) systems, as `ea.spin.mean_field`: the
+deep-implicit-attention maps.
 
 $N$ sites carry spins $S_i \in \mathbb R^d$ coupled by $d\times d$ blocks $J_{ij}$ (zero on
 the diagonal) and probed by input fields $x_i$. Attention is the collective response: the
-spin means $m_i = \langle S_i\rangle$ at a fixed point of the maps below, which layer 2
-(`ea.fixed_point`) solves and differentiates. Conventions: $(Jm)_i^a = \sum_j\sum_b
-J_{ij}^{ab} m_j^b$, every block array is indexed `[i, j, a, b]`, and everything is unbatched.
+spin means $m_i = \langle S_i\rangle$ at a fixed point of the maps below, which
+[`ea.nn.MeanFieldAttention`][energyattn.nn.MeanFieldAttention] solves and differentiates with
+[`ea.fixed_point`][energyattn.fixed_point] (or, for the Gaussian energy, `ea.minimise`).
+Conventions: $(Jm)_i^a = \sum_j\sum_b J_{ij}^{ab} m_j^b$, every block array is indexed
+`[i, j, a, b]`, and everything is unbatched.
+
+??? cite "Source"
+
+    M. Bal, *Deep Implicit Attention: A Mean-Field Theory Perspective on Attention
+    Mechanisms* (2021).
 """
 
 from collections.abc import Callable
@@ -15,8 +23,22 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_shape
+from .._energy import AbstractEnergy
 from .._linalg import inverse, solve
-from ._base import AbstractEnergy
+
+__all__ = [
+    "GaussianSpinEnergy",
+    "apply_couplings",
+    "attention_couplings",
+    "gaussian_spin_energy",
+    "naive_mean_field",
+    "neural_mean_field",
+    "tap_cavity_variances",
+    "tap_mean_field",
+    "tap_spin_means",
+    "transformer_block_as_mean_field",
+    "vector_couplings",
+]
 
 Couplings = Float[Array, "spins spins dim dim"]
 Spins = Float[Array, "spins dim"]
@@ -142,8 +164,9 @@ def gaussian_spin_energy(
 
 
 class GaussianSpinEnergy(AbstractEnergy):
-    """Module form of [`gaussian_spin_energy`][energyattn.gaussian_spin_energy]: the couplings
-    and fields are fields of the module, the spins the state."""
+    """Module form of
+    [`gaussian_spin_energy`][energyattn.spin.mean_field.gaussian_spin_energy]: the
+    couplings and fields are fields of the module, the spins the state."""
 
     couplings: Couplings
     fields: Spins
@@ -160,8 +183,9 @@ def naive_mean_field(m: Spins, x: Spins, J: Couplings) -> Spins:
     r"""One naive mean-field update with a unit Gaussian prior, $m_i' = \sum_j J_{ij} m_j + x_i$.
 
     Softmax attention with its residual connection is exactly this step, with couplings
-    computed from the input ([`attention_couplings`][energyattn.attention_couplings]): the
-    residual is the source term $x_i$.
+    computed from the input
+    ([`attention_couplings`][energyattn.spin.mean_field.attention_couplings]): the residual
+    is the source term $x_i$.
     """
     _check_system(x, J)
     return apply_couplings(J, m) + x
@@ -291,8 +315,10 @@ def tap_mean_field(
     J: Couplings,
     prior_inv_var: Float[ArrayLike, "spins dim dim"] | None = None,
 ) -> tuple[Spins, Blocks]:
-    r"""One adaptive-TAP update of $(m, V)$: [`tap_spin_means`][energyattn.tap_spin_means] and
-    [`tap_cavity_variances`][energyattn.tap_cavity_variances], both from the current state."""
+    r"""One adaptive-TAP update of $(m, V)$:
+    [`tap_spin_means`][energyattn.spin.mean_field.tap_spin_means] and
+    [`tap_cavity_variances`][energyattn.spin.mean_field.tap_cavity_variances], both from the
+    current state."""
     m, V = state
     return tap_spin_means(m, V, x, J, prior_inv_var), tap_cavity_variances(V, J, prior_inv_var)
 
@@ -354,10 +380,10 @@ def transformer_block_as_mean_field(
     $$X_i' = \sum_j J_{ij}(X)\,X_j + X_i, \qquad \text{out}_i = X_i' - f_\theta(X_i'),$$
 
     the neural mean-field map started at $z = X$ with $f_\theta$ evaluated at the naive
-    update. With [`attention_couplings`][energyattn.attention_couplings] and $f_\theta =
-    -\mathrm{FeedForward}$ this is a (norm-free) transformer block, $X' + \mathrm{FF}(X')$
-    with $X' = X + \mathrm{Attention}(X)$: softmax attention does one naive mean-field step
-    and the feed-forward layer corrects it.
+    update. With [`attention_couplings`][energyattn.spin.mean_field.attention_couplings] and
+    $f_\theta = -\mathrm{FeedForward}$ this is a (norm-free) transformer block,
+    $X' + \mathrm{FF}(X')$ with $X' = X + \mathrm{Attention}(X)$: softmax attention does one
+    naive mean-field step and the feed-forward layer corrects it.
 
     ??? cite "Source"
 
