@@ -44,11 +44,11 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, ArrayLike, Bool, Float, PyTree
 
-from ._checks import positive_int, shape_str
-from ._custom_types import Scalar, ScalarLike
-from ._energy import BlockSizes, hopfield_energy_over
-from ._sharding import sequence_parallel
-from ._train import train_step
+from .._checks import positive_int, shape_str
+from .._custom_types import Scalar, ScalarLike
+from .._energy import BlockSizes, hopfield_energy_over
+from .._sharding import sequence_parallel
+from .._train import train_step
 
 METHODS = ("jit", "shard_map")
 
