@@ -29,8 +29,9 @@ def public_names():
             if not name.startswith("_") and not inspect.ismodule(getattr(module, name)):
                 yield f"{module.__name__}.{name}"
     for module in (ea.parallel, ea.lagrangians):  # public modules: their own functions
-        for name, obj in vars(module).items():
-            if not name.startswith("_") and getattr(obj, "__module__", None) == module.__name__:
+        for name, obj in vars(module).items():  # (defined there or in its private modules)
+            home = getattr(obj, "__module__", None) or ""
+            if not name.startswith("_") and home.split("._")[0] == module.__name__:
                 yield f"{module.__name__}.{name}"
 
 
