@@ -28,11 +28,13 @@ def public_names():
         for name in dir(module):
             if not name.startswith("_") and not inspect.ismodule(getattr(module, name)):
                 yield f"{module.__name__}.{name}"
-    # Public modules: the names in their `__all__`, else their own functions.
+    # Public modules: the names in their `__all__`, else their own functions (defined there
+    # or in its private modules).
     for module in (ea.parallel, ea.lagrangians, ea.spin.afem, ea.spin.smt, ea.spin.mean_field):
         listed = getattr(module, "__all__", None)
         for name, obj in vars(module).items():
-            own = getattr(obj, "__module__", None) == module.__name__
+            home = getattr(obj, "__module__", None) or ""
+            own = home.split("._")[0] == module.__name__
             if not name.startswith("_") and (name in listed if listed is not None else own):
                 yield f"{module.__name__}.{name}"
 

@@ -10,6 +10,8 @@ problem it was given, per example under `vmap`, on problems with and without a s
   unbounded below gives `RESULTS.unbounded`.
 """
 
+import inspect
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
+from energyattn._solver import DEFAULT_MAX_STEPS
 
 N = 3
 #: A batch of problems: the sign of c decides whether a solution exists (c[0] exactly 0).
@@ -290,7 +293,9 @@ def test_newton_krylov_converges_on_the_residual_of_f():
 
 def test_searches_with_no_solution_say_so_and_tiny_residuals_are_solved():
     # No fixed point of y + 1, no finite root of exp(y): `no_root`, whose advice fits, not
-    # `max_steps_reached`, whose advice ("raise max_steps") cannot help. A slow contraction
+    # `max_steps_reached`, whose advice ("raise max_steps") cannot help. (Within 50 steps:
+    # Newton walks exp's y down by 1 a step, and near y = -88 exp(y) underflows in float32,
+    # a root of F as computed, which the default 256 steps would reach.) A slow contraction
     # that ran out of steps while making progress keeps `max_steps_reached` (the control).
     # And F = 1e-22 (y - 1) in float32, whose squares underflow, is solved, not "converged"
     # at the start by a zero Krylov step.
@@ -299,7 +304,10 @@ def test_searches_with_no_solution_say_so_and_tiny_residuals_are_solved():
         y0 = jnp.zeros(2, F32)
         return (
             [ea.fixed_point(lambda y, _: y + 1, y0, solver=s, throw=False) for s in FIXED],
-            [ea.root_find(lambda y, _: jnp.exp(y), y0, solver=s, throw=False) for s in ROOTS],
+            [
+                ea.root_find(lambda y, _: jnp.exp(y), y0, solver=s, max_steps=50, throw=False)
+                for s in ROOTS
+            ],
             [
                 ea.fixed_point(lambda y, _: 0.5 * y + 1, y0, solver=s, max_steps=3, throw=False)
                 for s in FIXED[:1]
@@ -314,6 +322,14 @@ def test_searches_with_no_solution_say_so_and_tiny_residuals_are_solved():
     for solver, sol in zip(ROOTS, tiny, strict=True):
         assert sol.result == ea.RESULTS.successful, repr(solver)
         np.testing.assert_allclose(sol.value, 1.0, rtol=1e-5, err_msg=repr(solver))
+
+
+def test_one_max_steps_default_across_the_entry_points():
+    # One bound for every solve, stated as a number in each docstring the reference renders.
+    for entry in (ea.fixed_point, ea.root_find, ea.minimise):
+        default = inspect.signature(entry).parameters["max_steps"].default
+        assert default == DEFAULT_MAX_STEPS == 256, entry.__name__
+        assert f"default {DEFAULT_MAX_STEPS}" in " ".join(entry.__doc__.split()), entry.__name__
 
 
 def test_solver_arguments_are_checked_with_their_names():

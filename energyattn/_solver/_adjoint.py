@@ -181,6 +181,8 @@ class UnrolledAdjoint(AbstractAdjoint):
     and time grow linearly with `max_steps`. The derivative is that of the truncated
     iteration (including its dependence on the initial guess), which equals the implicit
     one only once the iteration has converged. Forward mode and higher orders work too.
+    Pass the solve a `max_steps` near the steps it needs: the entry points' default (256)
+    bounds a loop that stops early, but unrolled it is 256 passes.
     """
 
     def solve(self, solver, problem, y0, args, *, max_steps, throw):

@@ -22,7 +22,13 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
-from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
+from ._adjoint import (
+    DEFAULT_MAX_STEPS,
+    AbstractAdjoint,
+    compiled_when_eager,
+    solve_problem,
+    split_aux,
+)
 from ._iterate import AbstractIterativeSolver, AbstractProblem, FixedPointProblem, Flat, rms
 from ._solution import RESULTS, Solution
 
@@ -251,7 +257,7 @@ def fixed_point(
     *,
     solver: AbstractFixedPointSolver | AbstractIterativeSolver | None = None,
     adjoint: AbstractAdjoint | None = None,
-    max_steps: int = 100,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     has_aux: bool = False,
 ) -> Solution:
@@ -280,7 +286,8 @@ def fixed_point(
     - `adjoint`: [`ImplicitAdjoint`][energyattn.ImplicitAdjoint] (default),
       [`UnrolledAdjoint`][energyattn.UnrolledAdjoint] or
       [`PhantomAdjoint`][energyattn.PhantomAdjoint].
-    - `max_steps`: the most evaluations of `fn` (Newton: the most Newton steps).
+    - `max_steps`: the most evaluations of `fn` (Newton: the most Newton steps); default
+      256.
     - `throw`: raise (at run time) unless the solve succeeded; with `False` inspect
       `Solution.result`.
     - `has_aux`: `fn` returns `(output, aux)`; the solver iterates the output, and

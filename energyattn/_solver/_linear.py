@@ -366,6 +366,9 @@ class GMRES(_Krylov):
     benchmark's sizes (the same gradient as 10 or 20, to the bit) and is as fast as 10 on
     deep implicit attention (`benchmarks/README.md`, "GMRES's restart"). A solve that needs
     more steps restarts, which GMRES handles at some cost in steps.
+
+    `max_steps` (default 200) counts products with $A$, not the iterations that the solver
+    entry points' `max_steps` (default 256) counts.
     """
 
     rtol: float | None = eqx.field(default=None, static=True)
@@ -391,7 +394,7 @@ class GMRES(_Krylov):
 
 class CG(_Krylov):
     """Conjugate gradients (`jax.scipy.sparse.linalg.cg`): matrix-free, for symmetric
-    positive definite systems (the Hessian at a minimum). Tolerances as
+    positive definite systems (the Hessian at a minimum). Tolerances and `max_steps` as
     [`GMRES`][energyattn.GMRES]."""
 
     rtol: float | None = eqx.field(default=None, static=True)

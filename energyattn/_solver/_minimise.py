@@ -11,7 +11,13 @@ from jaxtyping import Array, Float, Int
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
 from .._deprecated import renamed_keywords
-from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
+from ._adjoint import (
+    DEFAULT_MAX_STEPS,
+    AbstractAdjoint,
+    compiled_when_eager,
+    solve_problem,
+    split_aux,
+)
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
     AbstractIterativeSolver,
@@ -153,7 +159,7 @@ def minimise(
     *,
     solver: AbstractIterativeSolver | None = None,
     adjoint: AbstractAdjoint | None = None,
-    max_steps: int = 200,
+    max_steps: int = DEFAULT_MAX_STEPS,
     step_size: float | None = None,
     throw: bool = True,
     has_aux: bool = False,
@@ -191,7 +197,8 @@ def minimise(
     - `args`: passed to the energy unchanged.
     - `solver`: [`LBFGS`][energyattn.LBFGS] (default), [`Newton`][energyattn.Newton], or a
       fixed-point solver on the gradient map.
-    - `adjoint`, `max_steps`, `throw`: as in [`fixed_point`][energyattn.fixed_point].
+    - `adjoint`, `throw`: as in [`fixed_point`][energyattn.fixed_point].
+    - `max_steps`: the most iterations of the solver (default 256).
     - `step_size`: $\alpha > 0$, for fixed-point solvers only.
     - `has_aux`: `energy` returns `(energy, aux)`; `Solution.aux` is the aux at the
       minimum.

@@ -19,7 +19,13 @@ from .._linalg import (
     lu_solve,
     upper_cholesky,
 )
-from ._adjoint import AbstractAdjoint, compiled_when_eager, solve_problem, split_aux
+from ._adjoint import (
+    DEFAULT_MAX_STEPS,
+    AbstractAdjoint,
+    compiled_when_eager,
+    solve_problem,
+    split_aux,
+)
 from ._iterate import (
     AbstractIterativeSolver,
     AbstractProblem,
@@ -280,7 +286,7 @@ def root_find(
     *,
     solver: AbstractIterativeSolver | None = None,
     adjoint: AbstractAdjoint | None = None,
-    max_steps: int = 50,
+    max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     has_aux: bool = False,
 ) -> Solution:
@@ -301,7 +307,7 @@ def root_find(
     - `solver`: [`Newton`][energyattn.Newton] (default).
     - `adjoint`: [`ImplicitAdjoint`][energyattn.ImplicitAdjoint] (default) or
       [`UnrolledAdjoint`][energyattn.UnrolledAdjoint].
-    - `max_steps`: the most Newton steps.
+    - `max_steps`: the most Newton steps (default 256).
     - `throw`: raise (at run time) unless the solve succeeded.
     - `has_aux`: `fn` returns `(output, aux)`; the solver sees the output, and
       `Solution.aux` is the aux at the solution.
