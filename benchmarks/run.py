@@ -36,6 +36,7 @@ BENCHMARKS = {
     "smt": "spin-model transformer attention vs softmax attention; Anderson vs Picard",
     "adjoint_solve": "dense vs matrix-free implicit adjoint: where the automatic choice switches",
     "ebt_memory": "training an energy-based transformer through its thinking: memory, paths",
+    "solver_jit": "filter_jit on the solver entry points vs tracing them into the caller",
 }
 
 

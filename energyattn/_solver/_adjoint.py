@@ -360,6 +360,12 @@ def compiled_when_eager(entry: Entry) -> Entry:
     cause. Under an outer transformation (`jit`, `grad`, `vmap`: some input is a tracer,
     possibly one that `fn` closes over) nothing is added, so the solve is traced once into
     the caller's program instead of into a nested one under every transformation.
+
+    optimistix puts `eqx.filter_jit` on its entry points instead. `benchmarks/solver_jit.py`
+    measured it here to cost nothing (the same compile and run times, a faster trace), but
+    with it a gradient through a fixed point of blockwise attention fails inside JAX's
+    transposition of the nested `jit` (see benchmarks/README.md), so this mechanism stays
+    until that is understood.
     """
     compiled = eqx.filter_jit(entry)
 
