@@ -41,6 +41,9 @@ def moved_names(module: str, moves: dict[str, str | tuple[str, str]]) -> Callabl
     return __getattr__
 
 
+# The names that were `ea.*` before the move: a record of the old API, so written out rather
+# than read from `ea.spin.mean_field.__all__` (a name added there later never was `ea.*`; and
+# importing that module here would be an import cycle through `_energy`).
 _MEAN_FIELD = (
     "GaussianSpinEnergy",
     "apply_couplings",
