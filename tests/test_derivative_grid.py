@@ -48,6 +48,9 @@ def lse_path(path, block_size=3):
 FIRST = ("value", "grad", "jvp", "linearize", "vmap")
 SECOND = ("hvp_forward_over_reverse", "hvp_reverse_over_reverse", "jacfwd", "jacrev", "hessian")
 EVERY = FIRST + SECOND + ("third", "fourth")
+#: Gradients through programs that JAX partially evaluates as jaxprs: a checkpoint (saving
+#: nothing, or the products), and a `custom_jvp` (whose rule is a JVP of the energy) in a `jit`.
+STAGED = ("checkpoint", "checkpoint_saving_dots", "custom_jvp_in_jit")
 
 
 def transformations(f, x, theta, tx, ttheta, names):
@@ -60,6 +63,9 @@ def transformations(f, x, theta, tx, ttheta, names):
     def third(x):
         return jax.grad(lambda x: jnp.vdot(hvp_fr(x), tx))(x)
 
+    dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    staged = jax.custom_jvp(f)
+    staged.defjvp(lambda primals, tangents: jax.jvp(f, primals, tangents))
     every = {
         "value": lambda: f(x, theta),
         "grad": lambda: jax.grad(f, argnums=(0, 1))(x, theta),
@@ -73,6 +79,11 @@ def transformations(f, x, theta, tx, ttheta, names):
         "hessian": lambda: jax.hessian(f)(x, theta),
         "third": lambda: third(x),  # reverse over forward over reverse
         "fourth": lambda: jax.jvp(third, (x,), (tx,))[1],
+        "checkpoint": lambda: jax.grad(jax.checkpoint(f), argnums=(0, 1))(x, theta),
+        "checkpoint_saving_dots": lambda: jax.grad(jax.checkpoint(f, policy=dots), argnums=(0, 1))(
+            x, theta
+        ),
+        "custom_jvp_in_jit": lambda: jax.grad(jax.jit(staged), argnums=(0, 1))(x, theta),
     }
     return {name: every[name]() for name in names}
 
@@ -137,7 +148,8 @@ def self_attention_energy(rows, mask):
     return energy, (4, DIM, DIM)
 
 
-#: surface -> (energy, masked, dtype, [(path, order)]). `masked="causal"`: the mask's triangle
+#: surface -> (energy, masked, dtype, [(path, order)]); `STAGED` too where the order is
+#: written `(order, STAGED)`. `masked="causal"`: the mask's triangle
 #: is given as `causal=True` (computed per block from the positions) on every path but the
 #: naive reference, which holds it in its explicit mask. Fourth order in float64 on one device,
 #: third on the ring of 2; the ring on 4 and 8 devices runs the same code as on 2, and float32
@@ -150,13 +162,13 @@ ENERGIES = {
         hopfield_energy,
         True,
         "float64",
-        [("blockwise", 4), ("ring2", 3), ("ring4", 1), ("pallas", 3)],
+        [("blockwise", (4, STAGED)), ("ring2", 3), ("ring4", 1), ("pallas", 3)],
     ),
     "self_attention": (
         self_attention_energy,
         "causal",
         "float64",
-        [("blockwise", 3), ("ring2", 1), ("pallas", 2)],
+        [("blockwise", (3, STAGED)), ("ring2", 1), ("pallas", (2, STAGED))],
     ),
     "hopfield_float32": (
         hopfield_energy,
@@ -195,7 +207,10 @@ def test_energies_every_path_every_transformation(name, monkeypatch):
         rng.bit_generator.state = rng_state
         return surface(path, names)
 
-    run_grid(same_draws, [(path, up_to(order)) for path, order in cells], dtype)
+    def names(order):
+        return up_to(order) if isinstance(order, int) else up_to(order[0]) + order[1]
+
+    run_grid(same_draws, [(path, names(order)) for path, order in cells], dtype)
 
 
 # ------------------------------------------------------------------------------------ layers

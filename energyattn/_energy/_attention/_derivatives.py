@@ -38,14 +38,18 @@ evaluation inside `lax.scan` rejects), and because a primitive can drop unused t
 in one online pass, with one set of exponentials. `jax.linearize` and reverse mode take the
 forward and a terms pass apart (`_forward_linearize`, a linearization rule), so that the
 primal stays known; under an outer derivative the unfused pair is used too, so the fused
-primitive is never differentiated in practice (its JVP is its unfused equal's).
+primitive is never differentiated in practice (its JVP is its unfused equal's). Where JAX
+partially evaluates a JVP it traced earlier (linearizing a `jit`, a `jax.checkpoint` or a
+`custom_jvp` that holds one), the fused pass becomes its unfused pair again (its
+partial-evaluation rules), so that its primal outputs stay known.
 """
 
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-from jax._src import api_util, linear_util as lu
-from jax._src.interpreters import ad as _ad, batching
+from equinox.internal import _primitive as _eqx_primitive
+from jax._src import api_util, core as _core, linear_util as lu
+from jax._src.interpreters import ad as _ad, batching, partial_eval as _pe
 from jax.interpreters import ad, partial_eval as pe
 from jax.sharding import PartitionSpec
 
@@ -486,6 +490,122 @@ def _fused_batch(axis_data, vals, dims, *, terms, config, has_mask):
 
 
 batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
+
+
+# ----------------------------- partial evaluation: the fused pass splits where it must
+#
+# The fused pass's log-sum-exp and output depend on the queries, keys, inverse temperature
+# and mask alone, but as outputs of one primitive they would be as unknown as its terms
+# whenever a terms array is (a tangent). JAX partially evaluates JVPs it traced earlier as
+# jaxprs, where the JVP rule could not see it coming: the linearization of a `jax.jit`,
+# `jax.checkpoint` or `jax.custom_jvp` (the implicit adjoint's) that holds a `jax.jvp` of
+# attention. There the fused equation becomes its unfused equal (forward, then a terms
+# pass), whose forward stays known and whose terms pass is linear in the tangents.
+
+
+def _unfused_jaxpr(avals, params, batching=None):
+    """The closed jaxpr of the fused pass's unfused equal over `avals` (flat operands), or
+    of its vmap for `_vprim_p`'s `batching = (axis_size, axis_name, batch_axes)`."""
+    terms, config, has_mask = params["terms"], params["config"], params["has_mask"]
+
+    def unfused(*args):
+        q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+        return list(_unfused(config)(q, k, beta, mask, arrays, terms))
+
+    if batching is not None:
+        size, name, axes = batching
+        unfused = jax.vmap(unfused, in_axes=tuple(axes), axis_size=size, axis_name=name)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+    return jax.make_jaxpr(unfused)(*shapes)
+
+
+def _fused_equation(primitive, params):
+    """`(params, batching)` when an equation is the fused pass (batched or not), else
+    `None`."""
+    if primitive is forward_terms_p:
+        return params, None
+    if primitive is _VPRIM and params["prim"] is forward_terms_p:
+        axes = (params["__axis_size"], params["__axis_name"], params["__batch_axes"])
+        return dict(params["params"]), axes
+    return None
+
+
+def _split_where_unknown(primitive, previous):
+    """The partial-evaluation rule (`JaxprTrace`): the unfused equal, traced, where a
+    terms array is unknown and the primal operands are known; otherwise `previous` (the
+    default: every output known or every output unknown)."""
+
+    def rule(trace, *tracers, **params):
+        fused = _fused_equation(primitive, params)
+        known = [t.pval.is_known() for t in tracers]
+        if fused is None or all(known) or not all(known[: 4 if fused[0]["has_mask"] else 3]):
+            if previous is not None:
+                return previous(trace, *tracers, **params)
+            return trace.default_process_primitive(primitive, tracers, params)
+        closed = _unfused_jaxpr([t.aval for t in tracers], *fused)
+        with _core.set_current_trace(trace):
+            return _core.eval_jaxpr(closed.jaxpr, closed.consts, *tracers)
+
+    return rule
+
+
+def _split_equation(primitive, previous):
+    """The jaxpr-level rule (`partial_eval_jaxpr_custom`, as `jax.checkpoint` uses): the
+    equation as a call of its unfused equal, which JAX's call rule splits (saving or
+    recomputing the forward as the checkpoint policy says)."""
+
+    def rule(saveable, unks_in, inst_in, eqn):
+        fused = _fused_equation(primitive, eqn.params)
+        if fused is None:
+            return previous(saveable, unks_in, inst_in, eqn)
+        closed = _unfused_jaxpr([v.aval for v in eqn.invars], *fused)
+        call = eqn.replace(primitive=_core.closed_call_p, params=dict(call_jaxpr=closed))
+        return pe.partial_eval_jaxpr_custom_rules[_core.closed_call_p](
+            saveable, unks_in, inst_in, call
+        )
+
+    return rule
+
+
+def _default_equation_rule(saveable, unks_in, inst_in, eqn):
+    """What `partial_eval_jaxpr_custom` does with an equation that has no rule, for the
+    other vprims' equations (lineax's and Equinox's): staged whole when an input is unknown;
+    otherwise known, and recomputed in the staged jaxpr where the checkpoint policy does not
+    save it."""
+    n = len(eqn.outvars)
+    unsaved = [
+        v
+        for v, inst in zip(eqn.invars, inst_in, strict=True)
+        if isinstance(v, _core.Var) and not inst
+    ]
+    if any(unks_in):
+        return None, eqn, [True] * n, [True] * n, unsaved
+    # The policy sees the vprim's own primitive and parameters (JAX would pass the vprim's,
+    # whose `prim` clashes with the policies' first argument).
+    inner = eqn.params["prim"], *(v.aval for v in eqn.invars)
+    policy = _pe.ensure_enum(saveable(*inner, **dict(eqn.params["params"])))
+    if isinstance(policy, _pe.SaveableType):
+        return eqn, None, [False] * n, [False] * n, []
+    if isinstance(policy, _pe.RecomputeType):
+        return eqn, eqn, [False] * n, [True] * n, unsaved
+    raise NotImplementedError(  # pragma: no cover
+        f"energyattn: a checkpoint policy that offloads ({policy}) is not supported for "
+        "vprim equations (lineax's, Equinox's and the attention passes')"
+    )
+
+
+pe.custom_partial_eval_rules[forward_terms_p] = _split_where_unknown(forward_terms_p, None)
+pe.partial_eval_jaxpr_custom_rules[forward_terms_p] = _split_equation(forward_terms_p, None)
+# Batched, the fused pass is an equation of Equinox's vprim primitive (`create_vprim`'s
+# batching), whose rules chain to the ones before.
+_VPRIM = getattr(_eqx_primitive, "_vprim_p", None)
+if _VPRIM is not None:
+    pe.custom_partial_eval_rules[_VPRIM] = _split_where_unknown(
+        _VPRIM, pe.custom_partial_eval_rules.get(_VPRIM)
+    )
+    pe.partial_eval_jaxpr_custom_rules[_VPRIM] = _split_equation(
+        _VPRIM, pe.partial_eval_jaxpr_custom_rules.get(_VPRIM, _default_equation_rule)
+    )
 
 
 _terms_vprim_batch = batching.fancy_primitive_batchers[terms_p]
