@@ -1,18 +1,17 @@
-"""Does `eqx.filter_jit` on the solver entry points cost anything under outer transformations?
+"""What does `eqx.filter_jit` on the solver entry points cost under outer transformations?
 
-The entry points (`ea.fixed_point`, `ea.root_find`, `ea.minimise`) compile themselves only when
-called eagerly (`compiled_when_eager` in `energyattn/_solver/_adjoint.py`): under `jit`,
-`grad` or `vmap` they are traced straight into the caller's program. optimistix instead puts
-`eqx.filter_jit` on its entry points, so under a transformation the solve is a nested `jit`
-(a `pjit` equation the transformations pass through). This script compares the two on the
-same problems, in the same process:
+The entry points (`ea.fixed_point`, `ea.root_find`, `ea.minimise`) carry `eqx.filter_jit`
+(`compiled` in `energyattn/_solver/_adjoint.py`), as optimistix's do, so under `jit`, `grad`
+or `vmap` a solve is a nested `jit` (a `pjit` equation the transformations pass through).
+This script compares that with the undecorated entry point (`entry.__wrapped__`) traced
+straight into the caller's program, on the same problems, in the same process:
 
-- `today`: the entry point as shipped;
-- `filter_jit`: `eqx.filter_jit` around the undecorated entry point (`entry.__wrapped__`);
+- `inline`: the undecorated entry point;
+- `filter_jit`: the entry point as shipped;
 
 and reports, for each outer program, the time to trace and lower it (`jax.jit(f).lower`), to
-compile it, and the median run time of the compiled program, plus the per-call time of an
-eager call that hits the compiled cache. Problems (float64 off: float32, as users run):
+compile it, and the median run time of the compiled program. Problems (float64 off:
+float32, as users run):
 
 - `deq`: the fixed point $z = \\tanh(Wz + x)$ of $n$ unknowns (Anderson), as in a deep
   equilibrium layer;
@@ -20,8 +19,8 @@ eager call that hits the compiled cache. Problems (float64 off: float32, as user
 - `min`: the minimum of $\\frac12\\|y\\|^2 - \\operatorname{lse}(Py) - x\\cdot y$ (BFGS).
 
 Outer programs: `grad` (of the sum of the solution with respect to $W$ or $P$, implicit
-adjoint), `vmap_grad` (the same over a batch of 16 inputs), `hvp` (forward over reverse: a
-Hessian-vector product with respect to $x$), and `eager` (an eager call, cache hit).
+adjoint), `vmap_grad` (the same over a batch of 16 inputs) and `hvp` (forward over reverse:
+a Hessian-vector product with respect to $x$).
 
     OPENBLAS_NUM_THREADS=1 taskset -c 0 python benchmarks/solver_jit.py [--quick]
 
@@ -35,7 +34,6 @@ import sys
 import time
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -108,7 +106,7 @@ def _median_call(fn, args, repeats: int) -> float:
 
 def measure(problem: str, kind: str, n: int, repeats: int) -> list[dict]:
     public, solve, theta, x = _problems(n)[problem]
-    contenders = {"today": public, "filter_jit": eqx.filter_jit(public.__wrapped__)}
+    contenders = {"inline": public.__wrapped__, "filter_jit": public}
     if kind == "vmap_grad":
         x = jnp.stack([x * (1 + 0.01 * i) for i in range(16)])
     rows = []
@@ -120,16 +118,7 @@ def measure(problem: str, kind: str, n: int, repeats: int) -> list[dict]:
     for repeat in range(repeats):
         names = list(contenders)[repeat % 2 :] + list(contenders)[: repeat % 2]
         for name in names:
-            entry = contenders[name]
-            if kind == "eager":
-                # The first call compiles (not timed); the samples are calls that reuse it.
-                samples[name]["trace_lower_s"].append(0.0)
-                samples[name]["compile_s"].append(0.0)
-                samples[name]["run_s"].append(
-                    _median_call(lambda t, y, e=entry: solve(e, t, y), (theta, x), 5)
-                )
-                continue
-            fn = jax.jit(_outer(kind, solve, entry))
+            fn = jax.jit(_outer(kind, solve, contenders[name]))
             start = time.perf_counter()
             lowered = fn.lower(theta, x)
             samples[name]["trace_lower_s"].append(time.perf_counter() - start)
@@ -139,13 +128,8 @@ def measure(problem: str, kind: str, n: int, repeats: int) -> list[dict]:
             samples[name]["run_s"].append(_median_call(compiled, (theta, x), 5))
     outputs = {}
     for name, entry in contenders.items():
-        fn = (
-            (lambda t, y, e=entry: solve(e, t, y))
-            if kind == "eager"
-            else jax.jit(_outer(kind, solve, entry))
-        )
-        outputs[name] = fn(theta, x)
-    same = bool(jnp.allclose(outputs["today"], outputs["filter_jit"], rtol=1e-5, atol=1e-6))
+        outputs[name] = jax.jit(_outer(kind, solve, entry))(theta, x)
+    same = bool(jnp.allclose(outputs["inline"], outputs["filter_jit"], rtol=1e-5, atol=1e-6))
     for name in contenders:
         rows.append(
             {
@@ -166,22 +150,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 7
     rows = []
-    print(f"{'problem':8} {'outer':10} {'n':>4} | trace+lower, compile, run: filter_jit / today")
+    print(f"{'problem':8} {'outer':10} {'n':>4} | trace+lower, compile, run: filter_jit / inline")
     for problem in ("deq",) if args.quick else ("deq", "root", "min"):
-        for kind in ("eager", "grad", "vmap_grad", "hvp"):
+        for kind in ("grad", "vmap_grad", "hvp"):
             for n in (16,) if args.quick else (16, 64):
                 pair = measure(problem, kind, n, repeats)
                 rows += pair
-                today, nested = pair
+                inline, nested = pair
                 keys = ("trace_lower_s", "compile_s", "run_s")
-                ratios = [nested[k] / today[k] if today[k] else float("nan") for k in keys]
+                ratios = [nested[k] / inline[k] for k in keys]
                 print(
                     f"{problem:8} {kind:10} {n:4} | "
                     + "  ".join(
-                        f"{today[k] * 1e3:8.1f} ms x{r:5.2f}"
+                        f"{inline[k] * 1e3:8.1f} ms x{r:5.2f}"
                         for k, r in zip(keys, ratios, strict=True)
                     )
-                    + ("" if today["same_values"] else "  VALUES DIFFER")
+                    + ("" if inline["same_values"] else "  VALUES DIFFER")
                 )
     path = write_rows("solver_jit" + ("_quick" if args.quick else ""), rows)
     print(f"rows: {path}")

@@ -18,7 +18,6 @@ differentiated inputs).
 
 import abc
 import functools
-import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -350,94 +349,19 @@ def split_aux(fn: Callable, has_aux: bool, entry: str) -> tuple[Callable, Callab
 Entry = TypeVar("Entry", bound=Callable[..., Solution])
 
 
-def compiled_when_eager(entry: Entry) -> Entry:
-    """Run the entry point `entry(fn, y0, args, **options)` as one `eqx.filter_jit`-compiled
-    program when it is called eagerly (no input traced), as it is otherwise.
-
-    Eagerly, the loop would be compiled anew at every call and the checks around it run op
-    by op; compiled, a second call with the same `fn` (and options, shapes and dtypes) reuses
-    the program, and a failed solve raises a clean `eqx.EquinoxRuntimeError` naming its
-    cause. Under an outer transformation (`jit`, `grad`, `vmap`: some input is a tracer,
-    possibly one that `fn` closes over) nothing is added, so the solve is traced once into
-    the caller's program instead of into a nested one under every transformation.
-
-    optimistix puts `eqx.filter_jit` on its entry points instead. `benchmarks/solver_jit.py`
-    measured it here to cost nothing (the same compile and run times, a faster trace), but
-    with it a gradient through a fixed point of blockwise attention fails inside JAX's
-    transposition of the nested `jit` (see benchmarks/README.md), so this mechanism stays
-    until that is understood.
-    """
-    compiled = eqx.filter_jit(entry)
+def compiled(entry: Entry) -> Entry:
+    """The entry point `entry(fn, y0, args, **options)` under `eqx.filter_jit`, as
+    optimistix's are: one compiled program, reused by a second call with the same `fn`
+    (and options, shapes and dtypes); eagerly, a failed solve raises a clean
+    `eqx.EquinoxRuntimeError` naming its cause. Under an outer `jit`, `grad` or `vmap` it is
+    a nested `jit`, which costs nothing there (`benchmarks/solver_jit.py`: the same compile
+    and run times, a faster trace). Python floats in `args` become arrays: inputs of the
+    program, not constants of it (a new value would compile a new program)."""
+    jitted = eqx.filter_jit(entry)
 
     @functools.wraps(entry)
     def run(fn: Any, y0: Any, args: Any = None, **options: Any) -> Solution:
-        if _eager(fn, y0, args, options):
-            # Python floats in args as arrays: inputs of the program, not constants of it
-            # (a new value would compile a new program).
-            args = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, args)
-            return compiled(fn, y0, args, **options)
-        return entry(fn, y0, args, **options)
+        args = jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, float) else x, args)
+        return jitted(fn, y0, args, **options)
 
     return run  # type: ignore[return-value]
-
-
-def _eager(fn: Any, y0: Any, args: Any, options: dict[str, Any]) -> bool:
-    """Whether nothing the solve reads is a tracer (and every option can be hashed, as the
-    compiled program's cache needs), so it may be compiled on its own."""
-    leaves = jax.tree.leaves((fn, y0, args, options))
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
-        return False
-    static = [x for x in leaves if not eqx.is_array(x)]
-    try:
-        hash(tuple(static))
-    except TypeError:
-        return False
-    held = _holds_tracer(fn)
-    if held is None:
-        # A callable we cannot look into: trace it once; a tracer it holds is then among
-        # the closure's constants.
-        try:
-            converted = eqx.filter_closure_convert(fn, y0, args)
-        except Exception:  # noqa: BLE001 - invalid input: the entry point's checks say why
-            return False
-        held = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(converted))
-    return not held
-
-
-def _holds_tracer(fn: Any, depth: int = 0) -> bool | None:
-    """Whether `fn` holds a tracer that is not a pytree leaf of it (e.g. a function defined
-    inside a jitted one closes over the caller's tracers): in a function's closure cells and
-    defaults, a bound method's object, a `functools.partial`'s arguments, followed a few
-    functions deep. `None` for a callable of another kind (not an Equinox module, whose
-    leaves the caller checked). Were a tracer missed (in a global), the solve would still
-    be right: a nested jit closing over it."""
-    if isinstance(fn, eqx.Module):
-        return False
-    if isinstance(fn, functools.partial):
-        held = [fn.func, *fn.args, *fn.keywords.values()]
-    elif inspect.ismethod(fn):
-        held = [fn.__func__, fn.__self__]
-    elif inspect.isfunction(fn):
-        held = [cell.cell_contents for cell in fn.__closure__ or () if _filled(cell)]
-        held += list(fn.__defaults__ or ())
-    else:
-        return None
-    for item in held:
-        if (
-            inspect.isfunction(item)
-            or inspect.ismethod(item)
-            or isinstance(item, functools.partial)
-        ):
-            if depth < 3 and _holds_tracer(item, depth + 1):
-                return True
-        elif any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(item)):
-            return True
-    return False
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True

@@ -25,7 +25,7 @@ from .._custom_types import State
 from ._adjoint import (
     DEFAULT_MAX_STEPS,
     AbstractAdjoint,
-    compiled_when_eager,
+    compiled,
     solve_problem,
     split_aux,
 )
@@ -249,7 +249,7 @@ class Anderson(AbstractFixedPointSolver):
         return z_next, _History(zs, gs, gram, pushed)
 
 
-@compiled_when_eager
+@compiled
 def fixed_point(
     fn: Callable[[State, Any], State],
     y0: State,

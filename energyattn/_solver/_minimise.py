@@ -14,7 +14,7 @@ from .._deprecated import renamed_keywords
 from ._adjoint import (
     DEFAULT_MAX_STEPS,
     AbstractAdjoint,
-    compiled_when_eager,
+    compiled,
     solve_problem,
     split_aux,
 )
@@ -151,7 +151,7 @@ class LBFGS(AbstractLineSearchSolver):
 
 
 @renamed_keywords("ea.minimise", x0="y0")
-@compiled_when_eager
+@compiled
 def minimise(
     energy: Callable[[State, Any], Float[Array, ""]],
     y0: State,

@@ -22,7 +22,7 @@ from .._linalg import (
 from ._adjoint import (
     DEFAULT_MAX_STEPS,
     AbstractAdjoint,
-    compiled_when_eager,
+    compiled,
     solve_problem,
     split_aux,
 )
@@ -278,7 +278,7 @@ class Newton(AbstractLineSearchSolver):
         return value, state.size, stats, {"factor": factor, "cache": cache, "point": state.point}
 
 
-@compiled_when_eager
+@compiled
 def root_find(
     fn: Callable[[State, Any], State],
     y0: State,
