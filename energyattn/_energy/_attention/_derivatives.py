@@ -427,6 +427,12 @@ def attention_forward_terms(q, k, beta, mask, arrays, terms, config: Config):
     return tuple(forward_terms_p.bind(*flat, **params))
 
 
+def _num_primal(has_mask):
+    """How many of the fused pass's operands its log-sum-exp and output read: the queries,
+    keys, inverse temperature and mask; the terms' arrays follow."""
+    return 4 if has_mask else 3
+
+
 def _fused_operands(args, has_mask):
     q, k, beta, *rest = (jnp.asarray(a) for a in args)
     mask = rest.pop(0) if has_mask else None
@@ -482,8 +488,7 @@ def _fused_batch(axis_data, vals, dims, *, terms, config, has_mask):
     same in every batch entry, and `jax.jacfwd` requires its primal outputs unbatched."""
     params = dict(terms=terms, config=config, has_mask=has_mask)
     out, axes = _fused_vprim_batch(axis_data, vals, dims, **params)
-    primal = 4 if has_mask else 3
-    if all(d is None for d in dims[:primal]) and axes[0] is not None:
+    if all(d is None for d in dims[: _num_primal(has_mask)]) and axes[0] is not None:
         out = [out[0][0], out[1][0], *out[2:]]
         axes = [None, None, *axes[2:]]
     return out, axes
@@ -538,7 +543,7 @@ def _split_where_unknown(primitive, previous):
     def rule(trace, *tracers, **params):
         fused = _fused_equation(primitive, params)
         known = [t.pval.is_known() for t in tracers]
-        if fused is None or all(known) or not all(known[: 4 if fused[0]["has_mask"] else 3]):
+        if fused is None or all(known) or not all(known[: _num_primal(fused[0]["has_mask"])]):
             if previous is not None:
                 return previous(trace, *tracers, **params)
             return trace.default_process_primitive(primitive, tracers, params)
