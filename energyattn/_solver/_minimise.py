@@ -120,18 +120,26 @@ class LBFGS(AbstractLineSearchSolver):
         first = jnp.minimum(1, 1 / jnp.maximum(jnp.linalg.norm(grad), eps))
         gamma = jnp.where(pairs.accepted > 0, pairs.gamma, first)
         used = jnp.minimum(pairs.accepted, m)
-        # Two-loop recursion, newest pair first (slots form a ring).
-        q, alphas = grad, []
-        for j in range(m):
-            i = (pairs.accepted - 1 - j) % m
-            a = jnp.where(j < used, pairs.rho[i] * jnp.dot(pairs.s[i], q), 0)
-            q = q - a * pairs.t[i]
-            alphas.append(a)
-        r = gamma * q
-        for j in reversed(range(m)):
-            i = (pairs.accepted - 1 - j) % m
-            b = pairs.rho[i] * jnp.dot(pairs.t[i], r)
-            r = r + jnp.where(j < used, alphas[j] - b, 0) * pairs.s[i]
+        # Two-loop recursion over the pairs, newest first (slots form a ring): one gather
+        # puts them in order, and each loop is a scan, so the program does not grow with m.
+        order = (pairs.accepted - 1 - jnp.arange(m)) % m
+        valid = jnp.arange(m) < used
+        s_new, t_new, rho_new = pairs.s[order], pairs.t[order], pairs.rho[order]
+
+        def newest_first(q, pair):
+            s_i, t_i, rho_i, valid_i = pair
+            a = jnp.where(valid_i, rho_i * jnp.dot(s_i, q), 0)
+            return q - a * t_i, a
+
+        q, alphas = jax.lax.scan(newest_first, grad, (s_new, t_new, rho_new, valid))
+
+        def oldest_first(r, pair):
+            s_i, t_i, rho_i, valid_i, a = pair
+            b = rho_i * jnp.dot(t_i, r)
+            return r + jnp.where(valid_i, a - b, 0) * s_i, None
+
+        pair = (s_new, t_new, rho_new, valid, alphas)
+        r, _ = jax.lax.scan(oldest_first, gamma * q, pair, reverse=True)
         direction = -r
         slope = jnp.dot(grad, direction)
         # Round-off can still spoil the direction: fall back to scaled steepest descent.
