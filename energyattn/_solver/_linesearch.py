@@ -308,8 +308,9 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
 
         value_fn = self.merit(problem, args)
         h = eps ** (1 / 3) * length
-        f_plus, s_plus, _ = value_fn(y + h * u)
-        f_minus, s_minus, _ = value_fn(y - h * u)
+        # Both probes through one traced copy of the energy (a loop of two), not two.
+        probes = jax.lax.map(lambda z: value_fn(z)[:2], jnp.stack([y + h * u, y - h * u]))
+        (f_plus, f_minus), (s_plus, s_minus) = probes
         scales = jnp.stack([point.scale, s_plus, s_minus])
         slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(scales), scales, 0))
         floor = point.f - h * jnp.abs(jnp.dot(grad, u)) - slack
