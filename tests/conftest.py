@@ -183,7 +183,8 @@ def pytest_unconfigure(config):
 # programs' mappings; later tests compile what they need again). The count of mappings is read
 # after every 100 compilations. docs/known-issues.md tells users the same.
 _MAPS = pathlib.Path("/proc/self/maps")
-_MAP_LIMIT = pathlib.Path("/proc/sys/vm/max_map_count")
+_LIMIT = pathlib.Path("/proc/sys/vm/max_map_count")
+_MAP_LIMIT = int(_LIMIT.read_text()) if _LIMIT.exists() else 65_530
 _compiles = [0]
 
 
@@ -201,8 +202,7 @@ def pytest_runtest_teardown(item, nextitem):
     if _compiles[0] < 100:
         return
     _compiles[0] = 0
-    limit = int(_MAP_LIMIT.read_text()) if _MAP_LIMIT.exists() else 65_530
-    if _MAPS.read_bytes().count(b"\n") > limit // 2:
+    if _MAPS.read_bytes().count(b"\n") > _MAP_LIMIT // 2:
         jax.clear_caches()
 
 
