@@ -23,8 +23,39 @@ import jax
 RESULTS = Path(os.environ.get("ENERGYATTN_BENCH_RESULTS") or Path(__file__).parent / "results")
 
 
+def host_cpu() -> dict[str, Any]:
+    """The host's CPU, to tell hosts apart: on the CPU backend JAX names every device `cpu`,
+    and the project's hosts have differed by 3x in speed under one name ("AMD EPYC"). Linux's
+    `/proc/cpuinfo` gives the vendor's family and model numbers, the clock and the widest
+    vector extension; elsewhere only what `platform` knows."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    # x86's "flags", ARM's "Features" (where NEON is "asimd"): the widest one named.
+    words = set(fields.get("flags", "").split()) | set(fields.get("Features", "").split())
+    vectors = next((n for n in ("avx512f", "avx2", "avx", "sse4_2", "asimd") if n in words), None)
+    affinity = getattr(os, "sched_getaffinity", None)
+    return {
+        "cpu": fields.get("model name") or platform.processor() or platform.machine(),
+        "cpu_family_model": f"{fields['cpu family']}/{fields['model']}"
+        if "cpu family" in fields and "model" in fields
+        else None,
+        "cpu_mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
+        "cpu_vectors": vectors,
+        "cpu_cores": os.cpu_count(),
+        "cpu_cores_usable": len(affinity(0)) if affinity else None,
+    }
+
+
 def environment() -> dict[str, Any]:
-    """The device and software versions a row was measured with."""
+    """The device, host CPU and software versions a row was measured with."""
     import equinox
     import jaxlib
 
@@ -39,6 +70,7 @@ def environment() -> dict[str, Any]:
         "equinox": equinox.__version__,
         "energyattn": energyattn.__version__,
         "python": platform.python_version(),
+        **host_cpu(),
     }
 
 
@@ -92,21 +124,29 @@ def interleaved(
     }
 
 
-#: A float32 FMA loop: 16 independent accumulators of 64 bytes each (enough to keep two
-#: pipelines of 4-cycle FMAs busy), compiled for the host (`-march=native`, so the widest
-#: vectors it has). It prints the best GFLOP/s of 5 timed runs.
+#: A float32 FMA loop over `ACC` independent accumulators of `BYTES` bytes each (enough to
+#: keep two pipelines of 4-cycle FMAs busy), compiled for the host (`-march=native`). It prints
+#: the best GFLOP/s of 5 timed runs. The width and count are compile-time macros because the
+#: best pair depends on the vector registers: 16 of 64 bytes fill AVX-512's 32 registers, but
+#: on an AVX2 core (16 registers of 32 bytes) they spill to memory and measured 7.5 GFLOP/s
+#: where 12 of 32 bytes reach the core's peak.
 _FMA_SOURCE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-typedef float vec __attribute__((vector_size(64)));
+typedef float vec __attribute__((vector_size(BYTES)));
+#define LANES (BYTES / 4)
 #define STEP(x) x = x * a + b;
+#if ACC == 16
 #define ALL(f) f(c0) f(c1) f(c2) f(c3) f(c4) f(c5) f(c6) f(c7) \
                f(c8) f(c9) f(c10) f(c11) f(c12) f(c13) f(c14) f(c15)
+#else
+#define ALL(f) f(c0) f(c1) f(c2) f(c3) f(c4) f(c5) f(c6) f(c7) f(c8) f(c9) f(c10) f(c11)
+#endif
 int main(int argc, char **argv) {
     long iters = atol(argv[1]);
     vec a, b, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15;
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < LANES; j++) {
         a[j] = 0.999999f; b[j] = 1e-7f;
         c0[j] = c1[j] = c2[j] = c3[j] = c4[j] = c5[j] = c6[j] = c7[j] = (float)j;
         c8[j] = c9[j] = c10[j] = c11[j] = c12[j] = c13[j] = c14[j] = c15[j] = (float)-j;
@@ -118,49 +158,51 @@ int main(int argc, char **argv) {
         for (long n = 0; n < iters; n++) { ALL(STEP) }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-        double rate = 2.0 * 16 * 16 * (double)iters / s / 1e9;
+        double rate = 2.0 * LANES * ACC * (double)iters / s / 1e9;
         if (rate > best) best = rate;
     }
     vec sum = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11 + c12 + c13 + c14 + c15;
     float total = 0;
-    for (int j = 0; j < 16; j++) total += sum[j];
+    for (int j = 0; j < LANES; j++) total += sum[j];
     printf("%.3f %g\n", best, total);  /* the sum keeps the loop from being optimised away */
     return 0;
 }
 """
 
+#: (bytes per vector, accumulators) tried by `fma_peak_gflops`: AVX-512, AVX/AVX2, SSE/NEON.
+_FMA_SHAPES = ((64, 16), (32, 12), (16, 12))
+
 
 def fma_peak_gflops(iterations: int = 20_000_000) -> float | None:
     """One core's float32 peak in GFLOP/s, measured: an FMA loop compiled with the system's C
-    compiler for this CPU and run in this process's CPU affinity (pin the process first).
-    `None` when there is no C compiler or the loop cannot be built or run."""
+    compiler for this CPU and run in this process's CPU affinity (pin the process first), at
+    each vector width of `_FMA_SHAPES`; the fastest. `None` when there is no C compiler or no
+    loop can be built or run."""
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         return None
+    rates = []
     with tempfile.TemporaryDirectory() as folder:
-        source, binary = Path(folder) / "fma.c", Path(folder) / "fma"
+        source = Path(folder) / "fma.c"
         source.write_text(_FMA_SOURCE)
-        try:
-            subprocess.run(
-                [
-                    compiler,
-                    "-O2",
-                    "-march=native",
-                    "-ffp-contract=fast",
-                    "-o",
-                    str(binary),
-                    str(source),
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            done = subprocess.run(
-                [str(binary), str(iterations)], check=True, capture_output=True, timeout=120
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-    return float(done.stdout.split()[0])
+        for width, accumulators in _FMA_SHAPES:
+            binary = Path(folder) / f"fma{width}"
+            flags = ["-O2", "-march=native", "-ffp-contract=fast"]
+            macros = [f"-DBYTES={width}", f"-DACC={accumulators}"]
+            try:
+                subprocess.run(
+                    [compiler, *flags, *macros, "-o", str(binary), str(source)],
+                    check=True,
+                    capture_output=True,
+                    timeout=60,
+                )
+                done = subprocess.run(
+                    [str(binary), str(iterations)], check=True, capture_output=True, timeout=120
+                )
+            except (OSError, subprocess.SubprocessError):
+                continue
+            rates.append(float(done.stdout.split()[0]))
+    return max(rates, default=None)
 
 
 def print_row(row: dict[str, Any]) -> None:

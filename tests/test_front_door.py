@@ -128,7 +128,7 @@ def test_bench_command_runs_the_benchmark_entry_point(tmp_path, monkeypatch, cap
     printed = capfd.readouterr()
     assert "ratio" in printed.out and "results in" in printed.out, printed.err
     rows = json.loads((out / "et_recall_quick.json").read_text())
-    assert rows and all("device" in row and row["ratio"] > 0 for row in rows)
+    assert rows and all("device" in row and "cpu" in row and row["ratio"] > 0 for row in rows)
 
 
 def test_bench_command_finds_the_benchmarks(tmp_path, monkeypatch, capsys):
