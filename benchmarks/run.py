@@ -5,8 +5,9 @@
     energyattn bench --quick --out DIR      (the same, from the package's command)
 
 `--quick` passes `--quick` to each script (small sizes, few repeats): the whole suite then
-finishes in under 5 minutes on one CPU core. Each script compares against a baseline measured
-in the same run and writes `benchmarks/results/<name>[_quick].json`.
+finishes in 5 to 15 minutes on one CPU core, by host (benchmarks/README.md, "Hosts"). Each
+script compares against a baseline measured in the same run and writes
+`benchmarks/results/<name>[_quick].json`.
 
 Each script runs in a process of its own, as it would alone: scripts set XLA's flags before
 JAX starts (YNN fusions off for the spin-model layer, 8 host devices for the ring), which a
@@ -42,7 +43,9 @@ BENCHMARKS = {
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (< 5 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, few repeats (5-15 min on one core)"
+    )
     parser.add_argument("--only", nargs="*", choices=list(BENCHMARKS), help="run only these")
     parser.add_argument(
         "--results",

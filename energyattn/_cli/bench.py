@@ -27,7 +27,7 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--quick", action="store_true", help="small sizes, few repeats (under 5 min on a core)"
+        "--quick", action="store_true", help="small sizes, few repeats (5-15 min on one core)"
     )
     parser.add_argument(
         "--only",
