@@ -50,7 +50,8 @@ def host_cpu() -> dict[str, Any]:
         "cpu_mhz": float(fields["cpu MHz"]) if "cpu MHz" in fields else None,
         "cpu_vectors": vectors,
         "cpu_cores": os.cpu_count(),
-        "cpu_cores_usable": len(affinity(0)) if affinity else None,
+        # The cores this process may run on (its affinity, where the system tells it).
+        "cpu_cores_usable": len(affinity(0)) if affinity else os.cpu_count(),
     }
 
 

@@ -29,7 +29,6 @@ products, without the probabilities' recomputation), and its fraction of the roo
 """
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ import jax.random as jr
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fma_peak_gflops, interleaved, write_rows  # noqa: E402
+from _common import fma_peak_gflops, host_cpu, interleaved, write_rows  # noqa: E402
 
 import energyattn as ea  # noqa: E402
 
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     seqs = args.seqs or ([512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096, 8192])
     heads_list = args.heads or ([1] if args.quick else [1, 8])
     repeats = args.repeats or (3 if args.quick else 5)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = host_cpu()["cpu_cores_usable"]
     limit = args.peak_gflops * cores
     if cores != 1:
         print(
