@@ -7,6 +7,7 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 from importlib import metadata as _metadata
 
 from . import (
+    aot as aot,
     data as data,
     ham as ham,
     lagrangians as lagrangians,
@@ -60,6 +61,7 @@ from ._energy import (
     transformer_attention_energy as transformer_attention_energy,
     transformer_memory_energy as transformer_memory_energy,
 )
+from ._mask import SegmentIds as SegmentIds
 from ._solver import (
     CG as CG,
     GMRES as GMRES,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
+from ._mask import SegmentIds
 from ._sharding import explicit_sequence_axis, in_sequence_parallel
 
 
@@ -234,8 +235,34 @@ def error_if_nonfinite(
     return branched_error_if(x, failed, index, msgs)
 
 
-def check_mask(mask: Any, shape: tuple[int | None, ...], dims: str) -> Array:
-    """A boolean mask of `shape` (`None` = any size), or a `ValueError` naming both shapes."""
+def check_mask(
+    mask: Any, shape: tuple[int | None, ...], dims: str, *, segments: bool = False
+) -> Any:
+    """A boolean mask of `shape` (`None` = any size), or a `ValueError` naming both shapes.
+
+    With `segments`, `SegmentIds` are taken too (ids of shapes `(shape[0],)` and
+    `(shape[1],)`), and returned with their ids as int32; without, they are refused with a
+    message that says how to make them dense."""
+    if isinstance(mask, SegmentIds):
+        names = dims.split()
+        if not segments:
+            raise ValueError(
+                "this mask must be a boolean matrix: a layer that holds its (seq, mem) scores "
+                "takes no SegmentIds (pass mask.dense())"
+            )
+        checked = []
+        for field, ids, size, name in zip(("query", "keys"), mask, shape, names, strict=True):
+            ids_shape = tuple(np.shape(ids))
+            if len(ids_shape) != 1 or (size is not None and ids_shape[0] != size):
+                wanted = name if size is None else f"{name}={size}"
+                raise ValueError(
+                    f"SegmentIds.{field} must have shape ({wanted},), got {shape_str(ids_shape)}"
+                )
+            ids = jnp.asarray(ids)
+            if not jnp.issubdtype(ids.dtype, jnp.integer):
+                raise ValueError(f"SegmentIds.{field} must be integers, got dtype {ids.dtype}")
+            checked.append(ids.astype(jnp.int32))
+        return SegmentIds(*checked)
     mask_shape = tuple(np.shape(mask))
     ok = len(mask_shape) == len(shape) and all(
         want is None or got == want for got, want in zip(mask_shape, shape, strict=True)

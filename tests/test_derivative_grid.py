@@ -177,6 +177,14 @@ ENERGIES = {
         [("blockwise", 2), ("fused", 2), ("pallas", 2)],
     ),
     "hopfield_masked_float32": (hopfield_energy, True, "float32", [("ring2", 2)]),
+    # Segment ids (a query with nothing to attend to among them): the reference is the
+    # naive path on their dense matrix.
+    "hopfield_segments": (
+        hopfield_energy,
+        "segments",
+        "float64",
+        [("blockwise", 2), ("ring2", 1), ("pallas", 2)],
+    ),
 }
 
 
@@ -191,6 +199,10 @@ def test_energies_every_path_every_transformation(name, monkeypatch):
 
     def surface(path, names):
         rows, path_mask = lse_path(path), mask if masked else None
+        if masked == "segments":
+            ids = jnp.asarray([0, 1, 0, 1, 1, 0, 2, 0])
+            path_mask = ea.SegmentIds(ids.at[6].set(3), ids)  # query 6: no key of its id
+            path_mask = path_mask.dense() if path == "naive" else path_mask
         if masked == "causal" and path != "naive":
             # The rest of the mask (padding, the empty row) stays explicit, and allows
             # everything above the diagonal: the structure must take it out.

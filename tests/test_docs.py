@@ -30,7 +30,14 @@ def public_names():
                 yield f"{module.__name__}.{name}"
     # Public modules: the names in their `__all__`, else their own functions (defined there
     # or in its private modules).
-    for module in (ea.parallel, ea.lagrangians, ea.spin.afem, ea.spin.smt, ea.spin.mean_field):
+    for module in (
+        ea.aot,
+        ea.parallel,
+        ea.lagrangians,
+        ea.spin.afem,
+        ea.spin.smt,
+        ea.spin.mean_field,
+    ):
         listed = getattr(module, "__all__", None)
         for name, obj in vars(module).items():
             home = getattr(obj, "__module__", None) or ""

@@ -2,6 +2,7 @@
 in programs lowered for a GPU from this CPU (the derivative grid's "pallas" cells check
 them through every transformation)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,9 +14,11 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import energyattn as ea
+from energyattn._checks import check_mask
 from energyattn._energy._attention import _kernels
 from energyattn._energy._attention._blocks import (
     KEYS,
@@ -28,6 +31,7 @@ from energyattn._energy._attention._blocks import (
     terms_chunk,
     terms_init,
 )
+from energyattn._energy._attention._policy import Budget, kernel_tiles, target_generation
 
 #: Row and column terms with shared, summed and repeated factors, a per-key value, the keys
 #: and the scaled queries: the shapes every derivative rule makes.
@@ -39,13 +43,15 @@ TERMS = (
 )
 
 #: (seq, mem, head size, structure, explicit mask, dtype): odd lengths, several blocks, one
-#: short block, head sizes off the power of two, every mask, a row with nothing allowed.
+#: short block, head sizes off the power of two, every mask (dense, or "segments"), a row
+#: with nothing allowed.
 CASES = [
     (13, 13, 5, Structure(), False, "float64"),
     (37, 37, 16, Structure(causal=True), True, "float64"),
-    (37, 37, 8, Structure(exclude_self=True), False, "float64"),
+    (37, 37, 8, Structure(exclude_self=True), "segments", "float64"),
     (40, 40, 3, Structure(True, True), True, "float64"),
     (21, 35, 24, Structure(), True, "float32"),
+    (30, 19, 8, Structure(), "segments", "float32"),
     (33, 33, 16, Structure(causal=True), False, "bfloat16"),
 ]
 TOL = {"float64": 1e-12, "float32": 2e-5, "bfloat16": 2e-5}
@@ -61,7 +67,10 @@ def test_kernels_equal_the_xla_loop(case, platform):
     k = jnp.asarray(rng.normal(size=(mem, dim)), dtype)
     beta = jnp.asarray(0.7, acc)
     mask = None
-    if masked:
+    if masked == "segments":
+        ids = rng.integers(0, 3, size=max(seq, mem))
+        mask = ea.SegmentIds(jnp.asarray(ids[:seq]).at[3].set(9), jnp.asarray(ids[:mem]))
+    elif masked:
         mask = jnp.asarray(rng.random((seq, mem)) < 0.7).at[3].set(False)
     arrays = {
         0: jnp.asarray(rng.normal(size=(seq, dim)), acc),
@@ -71,7 +80,9 @@ def test_kernels_equal_the_xla_loop(case, platform):
     # The same key blocks as the XLA loop's: in half precision the probabilities are rounded
     # relative to the running max, which depends on where the blocks fall.
     tiles = ea.BlockSizes(16, 16, 16).on(platform, seq)
-    block = _kernels._Tiles(seq, mem, 16, 16, platform).bk
+    block = kernel_tiles(
+        tiles, platform, kind="forward", seq=seq, mem=mem, dim=16, itemsize=2, mask=None
+    )[0].bk
     # The TPU kernels run in Pallas's TPU interpreter, the GPU ones in its generic one.
     interpret = pltpu.InterpretParams() if platform == "tpu" else True
     run = dict(platform=platform, interpret=interpret)
@@ -114,15 +125,109 @@ def test_kernels_equal_the_xla_loop(case, platform):
 
 def test_block_sizes():
     # Each platform's defaults fill the fields left None; a field given holds everywhere.
-    assert ea.BlockSizes.default("gpu", 100) == ea.BlockSizes(64, 64, 64, None, 2)
+    assert ea.BlockSizes.default("gpu", 100) == ea.BlockSizes(64, 32, 64, 8, 1, "split")
+    # Float32 heads above 128 step through fewer keys; on sm_100 with fewer warps.
+    wide = dict(dtype="float32", head_dim=256)
+    assert ea.BlockSizes.default("gpu", 100, generation="sm_90", **wide).block_k == 16
+    assert ea.BlockSizes.default("gpu", 100, generation="sm_100", **wide).num_warps == 4
     assert ea.BlockSizes.default("cpu", 5000) == ea.BlockSizes(5000, 128, 64)
-    assert ea.BlockSizes(block_k=32).on("tpu", 10) == ea.BlockSizes(128, 32, 128)
+    assert ea.BlockSizes(block_k=32).on("tpu", 10) == ea.BlockSizes(
+        128, 32, 512, None, None, "split"
+    )
     with pytest.raises(ValueError, match="block_q must be a positive integer, got 0"):
         ea.BlockSizes(block_q=0)
+    with pytest.raises(ValueError, match="float32_products must be 'split' or 'highest'"):
+        ea.BlockSizes(float32_products="tf32")
     with pytest.raises(ValueError, match="platform must be 'cpu', 'gpu' or 'tpu', got 'cuda'"):
         ea.BlockSizes.default("cuda", 10)
     with pytest.raises(ValueError, match="block_size must be a positive integer, got -2"):
         ea.attention_logsumexp(jnp.ones((3, 2)), jnp.ones((3, 2)), block_size=-2)
+
+
+@pytest.mark.parametrize(
+    "kind, platform, generation",
+    [
+        ("NVIDIA H100 80GB HBM3", "gpu", "sm_90"),
+        ("NVIDIA A100-SXM4-80GB", "gpu", "sm_80"),
+        ("NVIDIA B200", "gpu", "sm_100"),
+        ("TPU v5 lite", "tpu", "v5e"),
+        ("TPU v4", "tpu", "v4"),
+    ],
+)
+def test_the_tiles_follow_the_chip_the_program_is_for(kind, platform, generation):
+    # The chip generation comes from the device JAX traces for (here an abstract one, as a
+    # program traced on this CPU for another platform would name it); a CPU names none.
+    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform=platform)
+    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        assert target_generation(platform) == generation
+    assert target_generation(platform) is None
+
+
+def test_tiles_that_cannot_fit_are_refused_naming_the_limit():
+    # Asked for blocks beyond the chip's on-chip memory, the kernels refuse when they are
+    # built, naming the memory and tiles that would fit; the defaults and modest tiles pass.
+    big = ea.BlockSizes(block_q=1024, block_k=1024)
+    args = dict(seq=4096, mem=4096, dim=128, itemsize=4, mask=None)
+    gpu = dict(kind="forward", generation="sm_90", **args)
+    kernel_tiles(ea.BlockSizes(block_q=128, block_k=64), "gpu", **gpu)
+    with pytest.raises(ValueError, match=r"shared memory per block of sm_90; block_q=\d+"):
+        kernel_tiles(big, "gpu", **gpu)
+    tpu = dict(kind="rows", generation="v5e", **args)
+    kernel_tiles(ea.BlockSizes(), "tpu", **tpu)
+    with pytest.raises(ValueError, match="16384 KiB of scoped VMEM of v5e"):
+        kernel_tiles(ea.BlockSizes(block_q=4096, block_k=4096), "tpu", **tpu)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_float32_products_on_matrix_units_are_float32_accurate(platform):
+    # Float32 operands split into the parts the matrix units take (GPU: two TF32 parts,
+    # three products; TPU: three bfloat16 parts, six products), run in Pallas's
+    # interpreters: within 2e-6 of the exact product, relative to sum_k |a_ik b_kj|. The
+    # control, the products of the first parts alone (one TF32 or bfloat16 product), is
+    # 100x further off.
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(64, 96)) * np.exp(rng.uniform(-5, 5, size=(64, 1)))
+    b = rng.normal(size=(48, 96)) * np.exp(rng.uniform(-5, 5, size=(1, 96)))
+    exact = a @ b.T
+    scale = np.abs(a) @ np.abs(b).T
+    products = _kernels.Products(platform, "split")
+    interpret = pltpu.InterpretParams() if platform == "tpu" else True
+
+    def kernel(a_ref, b_ref, split_ref, first_ref):
+        x, y = a_ref[...], b_ref[...]
+        split_ref[...] = products.nt(x, y)
+        first = products._parts(x)[0], products._parts(y)[0]
+        first_ref[...] = jax.lax.dot_general(
+            *first, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    out = jax.ShapeDtypeStruct(exact.shape, jnp.float32)
+    split, first = pl.pallas_call(kernel, out_shape=(out, out), interpret=interpret)(
+        jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    )
+    # The inputs rounded to float32 are the operands: compare with their exact product.
+    a32, b32 = np.asarray(a, np.float32).astype(np.float64), np.asarray(b, np.float32)
+    exact = a32 @ b32.astype(np.float64).T
+    error = np.max(np.abs(np.asarray(split, np.float64) - exact) / scale)
+    control = np.max(np.abs(np.asarray(first, np.float64) - exact) / scale)
+    assert error < 2e-6, error
+    assert control > 100 * 2e-6, control
+
+
+def test_a_pass_split_over_kernels_gives_the_same_sums(monkeypatch):
+    # With a budget of 16 accumulated columns and one bilinear pair per kernel, the fused
+    # forward keeps none of its terms, a factor of two pairs is expanded into two terms, and
+    # every sum wider than 16 is computed in column chunks over several kernels: the same
+    # numbers as the XLA loop (the GPU kernels, interpreted, in float64).
+    original = _kernels.kernel_tiles
+
+    def small(*args, **kwargs):
+        tiles, _ = original(*args, **kwargs)
+        return tiles, Budget(columns=16, pairs=1)
+
+    monkeypatch.setattr(_kernels, "kernel_tiles", small)
+    test_kernels_equal_the_xla_loop((37, 29, 24, Structure(causal=False), True, "float64"), "gpu")
 
 
 def test_any_tiling_gives_the_same_numbers(getkey):
@@ -306,3 +411,32 @@ def test_reverse_over_a_vmapped_jvp_equals_the_naive_path():
     assert got["naive"].dtype == jnp.float64
     for impl in ("blockwise", "pallas"):
         np.testing.assert_allclose(got[impl], got["naive"], rtol=1e-10, atol=1e-10)
+
+
+def test_aot_names_what_it_needs():
+    # Without the device-compile extra (the suite's own environment), asking for a chip
+    # says what to install; an unknown chip lists the known ones.
+    with pytest.raises(ValueError, match=r"chip must be one of \['a100', 'b200', 'h100'"):
+        ea.aot.device("h200")
+    missing = [c for c in ("v5e", "h100") if importlib.util.find_spec("libtpu") is None]
+    for chip in missing:
+        with pytest.raises(RuntimeError, match="device-compile"):
+            ea.aot.device(chip)
+
+
+def test_segment_ids_are_checked_and_make_padding():
+    # Padding from lengths: keys beyond 3 are attended by no query, queries beyond 2 attend
+    # to nothing; `attended` finds the keys some query attends without a (seq, mem) matrix.
+    seg = ea.SegmentIds.padding(4, 5, key_length=3, query_length=2)
+    np.testing.assert_array_equal(
+        seg.dense(), np.array([[1, 1, 1, 0, 0]] * 2 + [[0] * 5] * 2, bool)
+    )
+    np.testing.assert_array_equal(seg.attended(), [True, True, True, False, False])
+    q = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match=r"SegmentIds.keys must have shape \(mem=4,\)"):
+        ea.attention_logsumexp(q, q, mask=ea.SegmentIds(jnp.zeros(4, int), jnp.zeros(3, int)))
+    with pytest.raises(ValueError, match="SegmentIds.query must be integers"):
+        ea.attention_logsumexp(q, q, mask=ea.SegmentIds(jnp.zeros(4), jnp.zeros(4, int)))
+    # A layer that holds its scores (here SoftmaxAttention's check) takes a dense mask.
+    with pytest.raises(ValueError, match=r"takes no SegmentIds \(pass mask.dense\(\)\)"):
+        check_mask(seg, (4, 5), "seq mem")

@@ -132,4 +132,6 @@ def test_namespace_shows_only_the_subpackages():
     """`dir(energyattn)` lists the library's own modules, not the ones it happens to import."""
     modules = {n for n in dir(ea) if not n.startswith("_") and inspect.ismodule(getattr(ea, n))}
     modules.discard("jaxtyping")  # injected by the suite's runtime type-checking import hook
-    assert modules == {"data", "ham", "lagrangians", "models", "nn", "parallel", "spin", "viz"}
+    assert modules == {
+        "aot", "data", "ham", "lagrangians", "models", "nn", "parallel", "spin", "viz"
+    }  # fmt: skip

@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
 from .._custom_types import Scalar, ScalarLike
 from .._deprecated import keyword_only
+from .._mask import SegmentIds
 from .._sharding import split_rows
 from ._attention import (
     BlockSize,
@@ -20,6 +21,7 @@ from ._attention import (
     check_implementation,
     lse_rows,
     select_implementation,
+    split_mask,
 )
 from ._base import AbstractEnergy
 
@@ -29,7 +31,7 @@ def hopfield_energy(
     memory: Float[ArrayLike, "mem dim"],
     *,
     beta: ScalarLike = 1.0,
-    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
     implementation: Implementation = "auto",
     block_size: BlockSize = None,
 ) -> Scalar:
@@ -88,7 +90,7 @@ def hopfield_energy_over(
     query: Float[ArrayLike, "seq dim"],
     memory: Float[ArrayLike, "mem dim"],
     beta: ScalarLike,
-    mask: Bool[ArrayLike, "seq mem"] | None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None,
     implementation: Implementation,
     block_size: BlockSize,
     ring: tuple[Any, str] | None,
@@ -104,13 +106,13 @@ def hopfield_energy_over(
         # term, the padding), not only inside the ring.
         query = split_rows(query, *ring, "queries' sequence")
         memory = split_rows(memory, *ring, "memories' sequence")
-        mask = None if mask is None else split_rows(jnp.asarray(mask), *ring, "mask's query")
+        mask = None if mask is None else split_mask(mask, *ring)
     if mask is not None:
-        mask = check_mask(mask, (query.shape[0], memory.shape[0]), "seq mem")
+        mask = check_mask(mask, (query.shape[0], memory.shape[0]), "seq mem", segments=True)
         # A memory no query may attend to (padding) is zeroed before the product: in the
         # backward pass its zero cotangent would otherwise multiply its values, and 0 * NaN
         # from garbage padding would reach the queries' gradient.
-        attended = jnp.any(mask, axis=0)
+        attended = mask.attended() if isinstance(mask, SegmentIds) else jnp.any(mask, axis=0)
         memory = jnp.where(attended[:, None], memory, jnp.zeros((), memory.dtype))
     method = select_implementation(
         implementation,
@@ -152,7 +154,7 @@ class HopfieldEnergy(AbstractEnergy):
 
     memory: Float[Array, "mem dim"]
     beta: Float[Array, ""]
-    mask: Bool[Array, "seq mem"] | None
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None
     implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
@@ -161,7 +163,7 @@ class HopfieldEnergy(AbstractEnergy):
         memory: Float[ArrayLike, "mem dim"],
         *,
         beta: ScalarLike = 1.0,
-        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
         implementation: Implementation = "auto",
         block_size: BlockSize = None,
     ):
@@ -169,7 +171,7 @@ class HopfieldEnergy(AbstractEnergy):
         self.memory = jnp.asarray(memory)
         self.beta = check_positive("beta", beta)
         if mask is not None:
-            mask = check_mask(mask, (None, self.memory.shape[0]), "seq mem")
+            mask = check_mask(mask, (None, self.memory.shape[0]), "seq mem", segments=True)
         self.mask = mask
         self.implementation = check_implementation(implementation)
         self.block_size = check_block_size(block_size)

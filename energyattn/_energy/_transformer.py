@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape
 from .._custom_types import Scalar, ScalarLike
+from .._mask import SegmentIds
 from ._attention import (
     BlockSize,
     Implementation,
@@ -35,7 +36,7 @@ def transformer_attention_energy(
     w_key: Float[ArrayLike, "heads head_dim dim"],
     *,
     beta: ScalarLike,
-    mask: Bool[ArrayLike, "seq seq"] | None = None,
+    mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
     include_self: bool = False,
     implementation: Implementation = "auto",
     block_size: BlockSize = None,
@@ -90,7 +91,7 @@ def transformer_attention_energy(
         )
     beta = check_positive("beta", beta)
     if mask is not None:
-        mask = check_mask(mask, (seq, seq), "seq seq")
+        mask = check_mask(mask, (seq, seq), "seq seq", segments=True)
     heads, head_dim, _ = jnp.shape(w_query)
     method = select_implementation(
         implementation,

@@ -9,6 +9,7 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_mask, check_shape, positive_int, shape_str
+from .._mask import SegmentIds
 
 
 def resolve_dims(
@@ -70,13 +71,14 @@ def _check_layer_dim(name: str, x: Any, length: str, dim: int, attribute: str) -
 def prepare_inputs(
     x: Float[ArrayLike, "seq query_dim"],
     context: Float[ArrayLike, "mem context_dim"] | None,
-    mask: Bool[ArrayLike, "seq mem"] | None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None,
     query_dim: int,
     context_dim: int,
-) -> tuple[
-    Float[Array, "seq query_dim"], Float[Array, "mem context_dim"], Bool[Array, "seq mem"] | None
-]:
-    """Check shapes (ValueError) and finiteness (runtime error); self-attention if no context."""
+    *,
+    segments: bool = False,
+) -> tuple[Float[Array, "seq query_dim"], Float[Array, "mem context_dim"], Any]:
+    """Check shapes (ValueError) and finiteness (runtime error); self-attention if no context.
+    `segments`: the layer takes `SegmentIds` as its mask too."""
     _check_layer_dim("x", x, "seq", query_dim, "query_dim")
     x = check_finite("x", x)
     if context is None:
@@ -90,7 +92,7 @@ def prepare_inputs(
         _check_layer_dim("context", context, "mem", context_dim, "context_dim")
         context = check_finite("context", context)
     if mask is not None:
-        mask = check_mask(mask, (x.shape[0], context.shape[0]), "seq mem")
+        mask = check_mask(mask, (x.shape[0], context.shape[0]), "seq mem", segments=segments)
     return x, context, mask
 
 

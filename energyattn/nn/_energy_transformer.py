@@ -30,6 +30,7 @@ from .._energy import (
     transformer_memory_energy,
 )
 from .._hyperparameters import hyperparameter, hyperparameter_fields
+from .._mask import SegmentIds
 from .._solver import Solution, descend, trajectory_flag
 
 
@@ -240,7 +241,9 @@ class EnergyTransformer(eqx.Module):
         )
 
     def attention_energy(
-        self, g: Float[ArrayLike, "seq dim"], mask: Bool[ArrayLike, "seq seq"] | None = None
+        self,
+        g: Float[ArrayLike, "seq dim"],
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
     ) -> Scalar:
         """$E^{\\mathrm{ATT}}(g)$; `mask[C, B]` is `True` where token C may attend to B."""
         return transformer_attention_energy(
@@ -258,29 +261,33 @@ class EnergyTransformer(eqx.Module):
         return transformer_memory_energy(g, self.memories, kind=self.memory, beta=self.memory_beta)
 
     def energy(
-        self, g: Float[ArrayLike, "seq dim"], mask: Bool[ArrayLike, "seq seq"] | None = None
+        self,
+        g: Float[ArrayLike, "seq dim"],
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
     ) -> Scalar:
         """$E(g) = E^{\\mathrm{ATT}}(g) + E^{\\mathrm{HN}}(g)$ at the activations `g`."""
         return self.as_energy()(jnp.asarray(g), mask)
 
     def lyapunov(
-        self, x: Float[ArrayLike, "seq dim"], mask: Bool[ArrayLike, "seq seq"] | None = None
+        self,
+        x: Float[ArrayLike, "seq dim"],
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
     ) -> Scalar:
         """$E^{\\mathrm{LN}}(x) + E(\\mathrm{LN}(x))$, non-increasing along the dynamics."""
         x = jnp.asarray(x)
         return self.layer_norm.energy(x) + self.energy(self.layer_norm(x), mask)
 
-    def _inputs(self, x: Any, mask: Any) -> tuple[Array, Array | None]:
+    def _inputs(self, x: Any, mask: Any) -> tuple[Array, Array | SegmentIds | None]:
         check_shape("x", x, "seq dim", dim=self.dim)
         x = check_finite("x", x)
         if mask is not None:
-            mask = check_mask(mask, (x.shape[0], x.shape[0]), "seq seq")
+            mask = check_mask(mask, (x.shape[0], x.shape[0]), "seq seq", segments=True)
         return x, mask
 
     def recall(
         self,
         x: Float[ArrayLike, "seq dim"],
-        mask: Bool[ArrayLike, "seq seq"] | None = None,
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
         *,
         step_size: float | None = None,
         num_steps: int | None = None,
@@ -319,7 +326,7 @@ class EnergyTransformer(eqx.Module):
         self,
         x: Float[ArrayLike, "seq dim"],
         *,
-        mask: Bool[ArrayLike, "seq seq"] | None = None,
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
         return_solution: Literal[False] = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq dim"]: ...
@@ -329,7 +336,7 @@ class EnergyTransformer(eqx.Module):
         self,
         x: Float[ArrayLike, "seq dim"],
         *,
-        mask: Bool[ArrayLike, "seq seq"] | None = None,
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
         return_solution: Literal[True],
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq dim"], Solution]: ...
@@ -339,7 +346,7 @@ class EnergyTransformer(eqx.Module):
         self,
         x: Float[ArrayLike, "seq dim"],
         *,
-        mask: Bool[ArrayLike, "seq seq"] | None = None,
+        mask: Bool[ArrayLike, "seq seq"] | SegmentIds | None = None,
         return_solution: bool = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq dim"] | tuple[Float[Array, "seq dim"], Solution]:

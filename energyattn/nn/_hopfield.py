@@ -19,6 +19,7 @@ from .._energy import (
     select_implementation,
 )
 from .._hyperparameters import hyperparameter, hyperparameter_fields
+from .._mask import SegmentIds
 from .._solver import Solution, descend
 from ._common import (
     linear,
@@ -133,7 +134,7 @@ class HopfieldAttention(eqx.Module):
         x: Float[ArrayLike, "seq query_dim"],
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
-        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
         return_solution: Literal[False] = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq query_dim"]: ...
@@ -144,7 +145,7 @@ class HopfieldAttention(eqx.Module):
         x: Float[ArrayLike, "seq query_dim"],
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
-        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
         return_solution: Literal[True],
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq query_dim"], Solution]: ...
@@ -155,7 +156,7 @@ class HopfieldAttention(eqx.Module):
         x: Float[ArrayLike, "seq query_dim"],
         context: Float[ArrayLike, "mem context_dim"] | None = None,
         *,
-        mask: Bool[ArrayLike, "seq mem"] | None = None,
+        mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
         return_solution: bool = False,
         key: PRNGKeyArray | None = None,
     ) -> Float[Array, "seq query_dim"] | tuple[Float[Array, "seq query_dim"], Solution]:
@@ -177,7 +178,9 @@ class HopfieldAttention(eqx.Module):
         the output projection).
         """
         del key
-        x, context, mask = prepare_inputs(x, context, mask, self.query_dim, self.context_dim)
+        x, context, mask = prepare_inputs(
+            x, context, mask, self.query_dim, self.context_dim, segments=True
+        )
         queries = split_heads(project(self.query_proj, x), self.num_heads)
         keys = split_heads(project(self.key_proj, context), self.num_heads)
 

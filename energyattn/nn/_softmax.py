@@ -13,7 +13,7 @@ from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims,
 
 
 def _masked_softmax(
-    scores: Float[Array, "*heads seq mem"], mask: Bool[Array, "seq mem"] | None
+    scores: Float[Array, "*heads seq mem"], mask: Bool[ArrayLike, "seq mem"] | None
 ) -> Float[Array, "*heads seq mem"]:
     """Softmax over the unmasked entries; a row with none left is all zeros (no NaN)."""
     if mask is None:

@@ -7,6 +7,7 @@ from ._logsumexp import (
     attention_logsumexp as attention_logsumexp,
     lse_rows as lse_rows,
     ring_lse as ring_lse,
+    split_mask as split_mask,
 )
 from ._naive import masked_logsumexp as masked_logsumexp
 from ._passes import naive_on_cpu as naive_on_cpu

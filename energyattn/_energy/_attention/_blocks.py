@@ -30,6 +30,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..._mask import SegmentIds
+
 Factor = tuple[tuple[int, int], ...]
 #: The indices by which terms refer to the keys themselves and to the queries scaled by beta
 #: (not arrays of the pass: the keys travel once in the ring, and beta q is formed per chunk).
@@ -105,27 +107,45 @@ def _blocks(x, block_size):
 
 
 def _mask_blocks(mask, mem, block_size):
-    """The mask's columns as `(blocks, seq, block_size)` (padding masked)."""
+    """The mask's per-block pieces, as a scan takes them: a dense mask's columns as
+    `(blocks, seq, block_size)`, segment ids' key ids as `(blocks, block_size)` (padding
+    masked by index)."""
     if mask is None:
         return None
     num_blocks = -(-mem // block_size)
+    if isinstance(mask, SegmentIds):
+        return _blocks(mask.keys, block_size)
     mask = jnp.pad(mask, ((0, 0), (0, num_blocks * block_size - mem)))
     return mask.reshape(mask.shape[0], num_blocks, block_size).transpose(1, 0, 2)
 
 
-def block_allowed(rows, cols, structure, mask_block, *, offsets=(0, 0), mem=None, seq=None):
-    """Which entries of one `(rows, cols)` block take part (or `None`: all of them).
+def _block_mask(mask, piece):
+    """One block's mask from its piece (`_mask_blocks`): the dense block, or the segment
+    ids compared."""
+    if mask is None:
+        return None
+    if isinstance(mask, SegmentIds):
+        return mask.query[:, None] == piece[None, :]
+    return piece
 
-    `rows`, `cols`: the block's query and key indices within the chunk; `offsets`: the
+
+def block_allowed(rows, cols, structure, mask_block, *, offsets=(0, 0), mem=None, seq=None):
+    """Which entries of one block take part (or `None`: all of them).
+
+    `rows`, `cols`: the block's query and key indices within the chunk, flat (the block is
+    `(queries, keys)`) or two-dimensional, a column and a row in either order (a block
+    `(keys, queries)` takes the keys as a column and the queries as a row); `offsets`: the
     chunk's place in the whole problem (for the structural masks); `mem`, `seq`: the true
     numbers of keys and queries where the chunk is padded beyond them (`None`: not padded);
-    `mask_block`: the block of an explicit mask (or `None`)."""
+    `mask_block`: the block of an explicit mask, in the block's orientation (or `None`)."""
+    queries = offsets[0] + (_column(rows) if rows.ndim == 1 else rows)
+    keys = offsets[1] + (_row(cols) if cols.ndim == 1 else cols)
     conditions = []
     if mem is not None:  # padded keys must not count
-        conditions.append(_row(cols) < mem)
+        conditions.append(keys - offsets[1] < mem)
     if seq is not None:  # nor padded queries (in a column term's sum over them)
-        conditions.append(_column(rows) < seq)
-    structured = structure.allowed(offsets[0] + rows, offsets[1] + cols)
+        conditions.append(queries - offsets[0] < seq)
+    structured = structure.allowed(queries, keys)
     if structured is not None:
         conditions.append(structured)
     if mask_block is not None:
@@ -135,7 +155,7 @@ def block_allowed(rows, cols, structure, mask_block, *, offsets=(0, 0), mem=None
     allowed = conditions[0]
     for condition in conditions[1:]:
         allowed = allowed & condition
-    return jnp.broadcast_to(allowed, (rows.shape[0], cols.shape[-1]))
+    return jnp.broadcast_to(allowed, jnp.broadcast_shapes(queries.shape, keys.shape))
 
 
 def block_probs(scores, shift, allowed):
@@ -155,9 +175,16 @@ def scaled_queries(q, beta):
     return q, beta
 
 
-def online_update(carry, scores, allowed, k_block, precision=None):
+def _matmul(a, b):
+    """`a @ b`, accumulated in the dtype of the wider operand (at least float32)."""
+    acc = jnp.promote_types(jnp.promote_types(a.dtype, b.dtype), jnp.float32)
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=acc)
+
+
+def online_update(carry, scores, allowed, k_block, matmul=_matmul):
     r"""One block of the online pass: the running max, the rescaled sum of exponentials and
-    the rescaled $\sum_j p_{ij} k_j$ after the block's `(rows, keys)` scores."""
+    the rescaled $\sum_j p_{ij} k_j$ after the block's `(rows, keys)` scores. `matmul(a, b)`
+    is `a @ b` (the kernels' takes its precision from the operands)."""
     run_max, total, out = carry
     acc = scores.dtype
     keep = run_max.ndim == 2  # the vectors as columns (the kernels') or flat
@@ -168,13 +195,8 @@ def online_update(carry, scores, allowed, k_block, precision=None):
     probs = block_probs(scores, shift, allowed)
     rescale = jnp.exp(run_max - shift)
     total = total * rescale + jnp.sum(probs, axis=1, keepdims=keep)
-    product = jax.lax.dot_general(
-        probs.astype(k_block.dtype),
-        k_block,
-        (((1,), (0,)), ((), ())),
-        precision=precision,
-        preferred_element_type=acc,
-    )
+    # Probabilities in the keys' dtype: half-precision keys take a half-precision product.
+    product = matmul(probs.astype(k_block.dtype), k_block).astype(acc)
     return new_max, total, out * _column(rescale) + product
 
 
@@ -219,19 +241,15 @@ def key_arrays(q, k, beta, arrays):
     return {**arrays, KEYS: k, SCALED_QUERIES: scaled}
 
 
-def online_terms(sums, rescale, probs, terms, pair, value, precision=None):
+def online_terms(sums, rescale, probs, terms, pair, values, matmul=_matmul):
     r"""The fused forward's row terms after one block: each running sum rescaled like the
     output, plus the block's $\sum_j w_{ij} X_j$ with the block's unnormalised
     probabilities (the weights are linear in them; `forward_finish` divides by the sum).
-    `value(t)`: the block's rows of the term's per-key array."""
+    `values`: per term, the block's rows of its per-key array."""
     weights = term_weights(probs, terms, pair)
-    dims = (((1,), (0,)), ((), ()))
     return tuple(
-        s * _column(rescale)
-        + jax.lax.dot_general(
-            w, value(t), dims, precision=precision, preferred_element_type=s.dtype
-        )
-        for s, w, t in zip(sums, weights, terms, strict=True)
+        s * _column(rescale) + matmul(w, x).astype(s.dtype)
+        for s, w, x in zip(sums, weights, values, strict=True)
     )
 
 
@@ -256,7 +274,9 @@ def forward_chunk(
         k_b, keyed_b, mask_b, start = xs
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
-        allowed = block_allowed(*indices, structure, mask_b, offsets=offsets, mem=padded)
+        allowed = block_allowed(
+            *indices, structure, _block_mask(mask, mask_b), offsets=offsets, mem=padded
+        )
         run_max, total, out, *sums = carry
         new_max, total, out = online_update((run_max, total, out), scores, allowed, k_b)
         if not terms:
@@ -268,7 +288,8 @@ def forward_chunk(
             return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
 
         rescale = jnp.exp(run_max - shift)
-        sums = online_terms(sums, rescale, probs, terms, pair, lambda t: keyed_b[t.value])
+        values = [keyed_b[t.value] for t in terms]
+        sums = online_terms(sums, rescale, probs, terms, pair, values)
         return (new_max, total, out, *sums), None
 
     xs = (_blocks(k, block_size), keyed, _mask_blocks(mask, mem, block_size), starts)
@@ -325,7 +346,9 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
         k_b, keyed_b, mask_b, start = xs
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
-        allowed = block_allowed(*indices, structure, mask_b, offsets=offsets, mem=padded)
+        allowed = block_allowed(
+            *indices, structure, _block_mask(mask, mask_b), offsets=offsets, mem=padded
+        )
         probs = block_probs(scores, lse, allowed)
 
         def pair(a, b):

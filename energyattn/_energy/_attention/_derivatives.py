@@ -53,6 +53,7 @@ from jax._src.interpreters import ad as _ad, batching, partial_eval as _pe
 from jax.interpreters import ad, partial_eval as pe
 from jax.sharding import PartitionSpec
 
+from ..._mask import SegmentIds
 from ._blocks import KEYS, SCALED_QUERIES, Term
 from ._passes import Config, run_forward, run_terms
 
@@ -91,20 +92,47 @@ def _add(x, y):
 # rules as Python scalars (JAX inlines scalar constants as literals), hence `jnp.asarray`.
 
 
-def _operands(args, has_mask):
+def _mask_leaves(mask) -> tuple:
+    """A mask's operands: none, the dense mask, or the query and key segment ids."""
+    if mask is None:
+        return ()
+    return (mask.query, mask.keys) if isinstance(mask, SegmentIds) else (mask,)
+
+
+def _mask_kind(mask) -> str | None:
+    """The static kind of a mask: `None`, `"dense"` or `"segments"`."""
+    if mask is None:
+        return None
+    return "segments" if isinstance(mask, SegmentIds) else "dense"
+
+
+def _mask_size(mask_kind) -> int:
+    return {None: 0, "dense": 1, "segments": 2}[mask_kind]
+
+
+def _split_mask(rest, mask_kind):
+    """`(mask, rest)`: the mask rebuilt from the first operands of `rest`, and the others."""
+    n = _mask_size(mask_kind)
+    leaves, rest = tuple(rest[:n]), tuple(rest[n:])
+    if mask_kind is None:
+        return None, rest
+    return (SegmentIds(*leaves) if mask_kind == "segments" else leaves[0]), rest
+
+
+def _operands(args, mask_kind):
     q, k, beta, lse, *rest = (jnp.asarray(a) for a in args)
-    mask = rest.pop(0) if has_mask else None
-    return q, k, beta, lse, mask, tuple(rest)
+    mask, arrays = _split_mask(rest, mask_kind)
+    return q, k, beta, lse, mask, arrays
 
 
-def _terms_impl(*args, terms, config, has_mask):
-    q, k, beta, lse, mask, arrays = _operands(args, has_mask)
+def _terms_impl(*args, terms, config, mask_kind):
+    q, k, beta, lse, mask, arrays = _operands(args, mask_kind)
     return run_terms(q, k, beta, lse, mask, arrays, terms, config)
 
 
-def _terms_abstract_eval(*avals, terms, config, has_mask):
+def _terms_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, _, *rest = avals
-    arrays = {**dict(enumerate(rest[1:] if has_mask else rest)), KEYS: k, SCALED_QUERIES: q}
+    arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
     return [
         _rows_like(q if term.row else k, arrays[term.value].shape[1], beta.dtype) for term in terms
     ]
@@ -128,16 +156,16 @@ def attention_terms(q, k, beta, lse, mask, arrays, terms, config):
     one output per term, as the differentiable primitive `terms_p`."""
     if not terms:
         return ()
-    flat = (q, k, beta, lse, *(() if mask is None else (mask,)), *arrays)
-    params = dict(terms=tuple(terms), config=config, has_mask=mask is not None)
+    flat = (q, k, beta, lse, *_mask_leaves(mask), *arrays)
+    params = dict(terms=tuple(terms), config=config, mask_kind=_mask_kind(mask))
     return tuple(terms_p.bind(*flat, **params))
 
 
-def _terms_jvp(primals, tangents, *, terms, config, has_mask):
-    q, k, beta, lse, mask, arrays = _operands(primals, has_mask)
+def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
+    q, k, beta, lse, mask, arrays = _operands(primals, mask_kind)
     tangents = [None if type(t) is ad.Zero else t for t in tangents]
     t_q, t_k, t_beta, t_lse, *t_rest = tangents
-    t_arrays = t_rest[1:] if has_mask else t_rest
+    t_arrays = t_rest[_mask_size(mask_kind) :]
     out = attention_terms(q, k, beta, lse, mask, arrays, terms, config)
     acc = beta.dtype
     a = _query_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
@@ -195,14 +223,15 @@ def _terms_jvp(primals, tangents, *, terms, config, has_mask):
     return list(out), t_out
 
 
-def _terms_transpose(cts_out, *args, terms, config, has_mask):
+def _terms_transpose(cts_out, *args, terms, config, mask_kind):
     q, k, beta, lse, *rest = args
     for name, x in (("queries", q), ("keys", k), ("beta", beta), ("log-sum-exp", lse)):
         if isinstance(x, ad.UndefinedPrimal):
             raise NotImplementedError(f"the attention terms are not linear in the {name}")
     q, k, beta, lse = (jnp.asarray(x) for x in (q, k, beta, lse))
-    mask = jnp.asarray(rest[0]) if has_mask else None
-    arrays = rest[1:] if has_mask else rest
+    n = _mask_size(mask_kind)
+    mask, _ = _split_mask([jnp.asarray(x) for x in rest[:n]], mask_kind)
+    arrays = rest[n:]
     undefined = {i: isinstance(x, ad.UndefinedPrimal) for i, x in enumerate(arrays)}
     undefined[KEYS] = undefined[SCALED_QUERIES] = False
     new = _Arrays(k)
@@ -282,17 +311,17 @@ def attention_forward(q, k, beta, mask, config: Config):
     r"""The log-sum-exp rows and the attention output $o_i = \sum_j p_{ij} k_j$, one online
     pass over blocks of keys, as the primitive `forward_p`; differentiable in both modes to
     any order (module docstring)."""
-    flat = (q, k, beta, *(() if mask is None else (mask,)))
-    lse, out = forward_p.bind(*flat, config=config, has_mask=mask is not None)
+    flat = (q, k, beta, *_mask_leaves(mask))
+    lse, out = forward_p.bind(*flat, config=config, mask_kind=_mask_kind(mask))
     return lse, out
 
 
-def _forward_impl(*args, config, has_mask):
-    q, k, beta, *mask = (jnp.asarray(a) for a in args)
-    return list(run_forward(q, k, beta, mask[0] if has_mask else None, config))
+def _forward_impl(*args, config, mask_kind):
+    q, k, beta, *rest = (jnp.asarray(a) for a in args)
+    return list(run_forward(q, k, beta, _split_mask(rest, mask_kind)[0], config))
 
 
-def _forward_abstract_eval(*avals, config, has_mask):
+def _forward_abstract_eval(*avals, config, mask_kind):
     q, k, beta = avals[:3]
     return [
         _rows_like(q, None, beta.dtype),
@@ -300,12 +329,12 @@ def _forward_abstract_eval(*avals, config, has_mask):
     ]
 
 
-def _forward_tangent(primals, tangents, config, has_mask, forward):
+def _forward_tangent(primals, tangents, config, mask_kind, forward):
     """The forward pass's primal and tangent outputs. `forward(q, k, beta, mask, arrays,
     terms)` gives `(lse, out, *row_terms)`: the fused pass, or the forward pass followed by
     a terms pass (`_unfused`)."""
-    q, k, beta, *mask = (jnp.asarray(a) for a in primals)
-    mask = mask[0] if has_mask else None
+    q, k, beta, *rest = (jnp.asarray(a) for a in primals)
+    mask, _ = _split_mask(rest, mask_kind)
     t_q, t_k, t_beta = (None if type(t) is ad.Zero else t for t in tangents[:3])
     a = _query_tangent(q, beta, t_q, t_beta)
     if a is None and t_k is None:
@@ -332,7 +361,7 @@ def _forward_tangent(primals, tangents, config, has_mask, forward):
     return [lse, out], [t_lse, t_out]
 
 
-def _forward_jvp(primals, tangents, *, config, has_mask):
+def _forward_jvp(primals, tangents, *, config, mask_kind):
     """`jax.jvp`: one fused pass for the primal and the tangent (one set of exponentials),
     where the pass is on one device; `jax.linearize` and reverse mode take
     `_forward_linearize` instead, which splits it into the forward and a terms pass."""
@@ -345,12 +374,12 @@ def _forward_jvp(primals, tangents, *, config, has_mask):
     primal_axes = set().union(*(_unbatched(x)[0] for x in primals[:3]))
     tangent_only = any(_unbatched(t)[0] - primal_axes for t in tangents)
     if nested or tangent_only or config.ring is not None or config.method == "cudnn":
-        return _forward_tangent(primals, tangents, config, has_mask, _unfused(config))
+        return _forward_tangent(primals, tangents, config, mask_kind, _unfused(config))
 
     def fused(q, k, beta, mask, arrays, terms):
         return attention_forward_terms(q, k, beta, mask, arrays, terms, config)
 
-    return _forward_tangent(primals, tangents, config, has_mask, fused)
+    return _forward_tangent(primals, tangents, config, mask_kind, fused)
 
 
 def _unbatched(x):
@@ -378,22 +407,22 @@ def _unfused(config):
     return forward
 
 
-def _forward_unfused_jvp(primals, tangents, *, config, has_mask):
-    return _forward_tangent(primals, tangents, config, has_mask, _unfused(config))
+def _forward_unfused_jvp(primals, tangents, *, config, mask_kind):
+    return _forward_tangent(primals, tangents, config, mask_kind, _unfused(config))
 
 
-def _forward_linearize(is_vjp, nonzeros, *primals, config, has_mask):
+def _forward_linearize(is_vjp, nonzeros, *primals, config, mask_kind):
     """Linearization (`jax.linearize`, and reverse mode): the unfused JVP, so that the
     primal (the forward pass) stays known and only the terms pass is staged into the linear
     function. The fused pass's outputs would all depend on the tangents."""
     del is_vjp
-    params = dict(config=config, has_mask=has_mask)
+    params = dict(config=config, mask_kind=mask_kind)
     info = api_util.debug_info("attention_forward", _forward_unfused_jvp, primals, {})
     jvp = lu.wrap_init(_forward_unfused_jvp, debug_info=info)
     return _ad.linearize_from_jvp(jvp, True, nonzeros, False, False, primals, params)
 
 
-def _forward_transpose(cts, *args, config, has_mask):
+def _forward_transpose(cts, *args, config, mask_kind):
     raise NotImplementedError("the attention forward pass is not linear")
 
 
@@ -422,38 +451,38 @@ def attention_forward_terms(q, k, beta, mask, arrays, terms, config: Config):
     `attention_terms` takes them) in one online pass, as the primitive `forward_terms_p`
     (the JVP's fused pass). Differentiated as its unfused equal, `attention_forward` then
     `attention_terms`."""
-    flat = (q, k, beta, *(() if mask is None else (mask,)), *arrays)
-    params = dict(terms=tuple(terms), config=config, has_mask=mask is not None)
+    flat = (q, k, beta, *_mask_leaves(mask), *arrays)
+    params = dict(terms=tuple(terms), config=config, mask_kind=_mask_kind(mask))
     return tuple(forward_terms_p.bind(*flat, **params))
 
 
-def _num_primal(has_mask):
+def _num_primal(mask_kind):
     """How many of the fused pass's operands its log-sum-exp and output read: the queries,
     keys, inverse temperature and mask; the terms' arrays follow."""
-    return 4 if has_mask else 3
+    return 3 + _mask_size(mask_kind)
 
 
-def _fused_operands(args, has_mask):
+def _fused_operands(args, mask_kind):
     q, k, beta, *rest = (jnp.asarray(a) for a in args)
-    mask = rest.pop(0) if has_mask else None
-    return q, k, beta, mask, tuple(rest)
+    mask, arrays = _split_mask(rest, mask_kind)
+    return q, k, beta, mask, arrays
 
 
-def _fused_impl(*args, terms, config, has_mask):
-    q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+def _fused_impl(*args, terms, config, mask_kind):
+    q, k, beta, mask, arrays = _fused_operands(args, mask_kind)
     return list(run_forward(q, k, beta, mask, config, arrays, terms))
 
 
-def _fused_abstract_eval(*avals, terms, config, has_mask):
+def _fused_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, *rest = avals
-    arrays = {**dict(enumerate(rest[1:] if has_mask else rest)), KEYS: k, SCALED_QUERIES: q}
+    arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
     return [
-        *_forward_abstract_eval(q, k, beta, config=config, has_mask=False),
+        *_forward_abstract_eval(q, k, beta, config=config, mask_kind=None),
         *(_rows_like(q, arrays[t.value].shape[1], beta.dtype) for t in terms),
     ]
 
 
-def _fused_jvp(primals, tangents, *, terms, config, has_mask):
+def _fused_jvp(primals, tangents, *, terms, config, mask_kind):
     """The fused pass's derivative is its unfused equal's (whose JVP is fused again)."""
     positions = [
         i for i, x in enumerate(primals) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
@@ -463,7 +492,7 @@ def _fused_jvp(primals, tangents, *, terms, config, has_mask):
         args = list(primals)
         for i, x in zip(positions, inexact, strict=True):
             args[i] = x
-        q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+        q, k, beta, mask, arrays = _fused_operands(args, mask_kind)
         return _unfused(config)(q, k, beta, mask, arrays, terms)
 
     inexact = [primals[i] for i in positions]
@@ -472,7 +501,7 @@ def _fused_jvp(primals, tangents, *, terms, config, has_mask):
     return list(out), list(t_out)
 
 
-def _fused_transpose(cts, *args, terms, config, has_mask):
+def _fused_transpose(cts, *args, terms, config, mask_kind):
     raise NotImplementedError("the fused attention forward pass is not linear")
 
 
@@ -482,13 +511,13 @@ forward_terms_p = eqxi.create_vprim(
 _fused_vprim_batch = batching.fancy_primitive_batchers[forward_terms_p]
 
 
-def _fused_batch(axis_data, vals, dims, *, terms, config, has_mask):
+def _fused_batch(axis_data, vals, dims, *, terms, config, mask_kind):
     """The vprim's batching, except that where only the terms' arrays are batched (a vmap
     over tangents: `jax.jacfwd`), the log-sum-exp and the output are not: they are the
     same in every batch entry, and `jax.jacfwd` requires its primal outputs unbatched."""
-    params = dict(terms=terms, config=config, has_mask=has_mask)
+    params = dict(terms=terms, config=config, mask_kind=mask_kind)
     out, axes = _fused_vprim_batch(axis_data, vals, dims, **params)
-    if all(d is None for d in dims[: _num_primal(has_mask)]) and axes[0] is not None:
+    if all(d is None for d in dims[: _num_primal(mask_kind)]) and axes[0] is not None:
         out = [out[0][0], out[1][0], *out[2:]]
         axes = [None, None, *axes[2:]]
     return out, axes
@@ -511,10 +540,10 @@ batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
 def _unfused_jaxpr(avals, params, batching=None):
     """The closed jaxpr of the fused pass's unfused equal over `avals` (flat operands), or
     of its vmap for `_vprim_p`'s `batching = (axis_size, axis_name, batch_axes)`."""
-    terms, config, has_mask = params["terms"], params["config"], params["has_mask"]
+    terms, config, mask_kind = params["terms"], params["config"], params["mask_kind"]
 
     def unfused(*args):
-        q, k, beta, mask, arrays = _fused_operands(args, has_mask)
+        q, k, beta, mask, arrays = _fused_operands(args, mask_kind)
         return list(_unfused(config)(q, k, beta, mask, arrays, terms))
 
     if batching is not None:
@@ -543,7 +572,7 @@ def _split_where_unknown(primitive, previous):
     def rule(trace, *tracers, **params):
         fused = _fused_equation(primitive, params)
         known = [t.pval.is_known() for t in tracers]
-        if fused is None or all(known) or not all(known[: _num_primal(fused[0]["has_mask"])]):
+        if fused is None or all(known) or not all(known[: _num_primal(fused[0]["mask_kind"])]):
             if previous is not None:
                 return previous(trace, *tracers, **params)
             return trace.default_process_primitive(primitive, tracers, params)
@@ -616,12 +645,12 @@ if _VPRIM is not None:
 _terms_vprim_batch = batching.fancy_primitive_batchers[terms_p]
 
 
-def _terms_batch(axis_data, vals, dims, *, terms, config, has_mask):
+def _terms_batch(axis_data, vals, dims, *, terms, config, mask_kind):
     """The vprim's batching, with the arrays the terms are linear in batched whenever
     anything is: a transpose of the batched pass (reverse over a vmap: `jax.jacrev` of
     `jax.jacfwd`) gives an array's cotangent per batch entry, which `vmap` cannot return
     for an unbatched input; broadcast, JAX's transpose of the broadcast sums them."""
-    first = 5 if has_mask else 4
+    first = 4 + _mask_size(mask_kind)
     if any(d is not None for d in dims):
         vals, dims = list(vals), list(dims)
         for i in range(first, len(vals)):
@@ -630,7 +659,7 @@ def _terms_batch(axis_data, vals, dims, *, terms, config, has_mask):
                 vals[i] = jnp.broadcast_to(x, (axis_data.size, *jnp.shape(x)))
                 dims[i] = 0
         vals, dims = tuple(vals), tuple(dims)
-    params = dict(terms=terms, config=config, has_mask=has_mask)
+    params = dict(terms=terms, config=config, mask_kind=mask_kind)
     return _terms_vprim_batch(axis_data, vals, dims, **params)
 
 

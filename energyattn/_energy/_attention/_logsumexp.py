@@ -1,11 +1,14 @@
 """The attention log-sum-exp every softmax energy is made of: the entry points."""
 
+from typing import Any
+
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ..._checks import check_mask, check_matching_dim, check_positive
 from ..._custom_types import ScalarLike
+from ..._mask import SegmentIds
 from ..._sharding import axis_size, sequence_axis, split_rows
 from . import _policy
 from ._blocks import Structure
@@ -32,7 +35,7 @@ def lse_rows(
     q: Float[Array, "seq dim"],
     k: Float[Array, "mem dim"],
     beta: Float[Array, ""],
-    mask: Bool[Array, "seq mem"] | None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None,
     exclude_self: bool,
     method: str,
     block_size: BlockSizes,
@@ -75,7 +78,7 @@ def ring_lse(
     q: Float[Array, "seq dim"],
     k: Float[Array, "mem dim"],
     beta: Float[Array, ""],
-    mask: Bool[Array, "seq mem"] | None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None,
     exclude_self: bool,
     blocks: BlockSizes,
     mesh: Mesh | AbstractMesh,
@@ -95,7 +98,7 @@ def ring_lse(
         split_rows(q, mesh, axis, "queries' sequence"),
         split_rows(k, mesh, axis, "keys' sequence"),
     )
-    mask = None if mask is None else split_rows(mask, mesh, axis, "mask's query")
+    mask = None if mask is None else split_mask(mask, mesh, axis)
     size = axis_size(mesh, axis)
     ring = RingAxis(mesh, axis, size)
     structure = Structure(bool(exclude_self), bool(causal))
@@ -104,12 +107,23 @@ def ring_lse(
     return attention_forward(q, k, beta, mask, config)[0]
 
 
+def split_mask(mask, mesh: Mesh | AbstractMesh, axis) -> Any:
+    """A mask split along the sequence over `axis` like its queries (a dense mask by rows,
+    segment ids by their queries and their keys)."""
+    if isinstance(mask, SegmentIds):
+        return SegmentIds(
+            split_rows(jnp.asarray(mask.query), mesh, axis, "query segment ids'"),
+            split_rows(jnp.asarray(mask.keys), mesh, axis, "key segment ids'"),
+        )
+    return split_rows(jnp.asarray(mask), mesh, axis, "mask's query")
+
+
 def attention_logsumexp(
     query: Float[ArrayLike, "seq dim"],
     keys: Float[ArrayLike, "mem dim"],
     *,
     beta: ScalarLike = 1.0,
-    mask: Bool[ArrayLike, "seq mem"] | None = None,
+    mask: Bool[ArrayLike, "seq mem"] | SegmentIds | None = None,
     exclude_self: bool = False,
     causal: bool = False,
     implementation: Implementation = "auto",
@@ -147,7 +161,10 @@ def attention_logsumexp(
     - `query`: $q$, shape `(seq, dim)`.
     - `keys`: $k$, shape `(mem, dim)`.
     - `beta`: inverse temperature $\beta > 0$.
-    - `mask`: optional boolean `(seq, mem)`, `True` where $q_i$ may attend to $k_j$.
+    - `mask`: optional boolean `(seq, mem)`, `True` where $q_i$ may attend to $k_j$; or
+      [`SegmentIds`][energyattn.SegmentIds] (query $i$ attends to key $j$ where their ids
+      are equal: packed sequences, padding), which no path but the naive one expands into
+      a `(seq, mem)` matrix.
     - `exclude_self`: also disallow $j = i$ (self-attention energies; needs `seq == mem`),
       without building a `(seq, seq)` mask.
     - `causal`: also disallow $j > i$, so that query $i$ attends only to keys up to its own
@@ -182,7 +199,7 @@ def attention_logsumexp(
     beta = check_positive("beta", beta)
     query, keys = jnp.asarray(query), jnp.asarray(keys)
     if mask is not None:
-        mask = check_mask(mask, (seq, mem), "seq mem")
+        mask = check_mask(mask, (seq, mem), "seq mem", segments=True)
     method = select_implementation(
         implementation,
         entries=seq * mem,

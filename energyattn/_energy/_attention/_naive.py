@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from ..._mask import SegmentIds
 from ._blocks import Structure
 
 
@@ -13,6 +14,8 @@ def allowed_matrix(
     """Which scores take part: the mask and the `structure` (no diagonal, the causal
     triangle) together (or `None`: all of them)."""
     allowed = structure.allowed(jnp.arange(seq), jnp.arange(mem))
+    if isinstance(mask, SegmentIds):
+        mask = mask.dense()
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     return allowed

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import _cudnn, _kernels
+from . import _cudnn, _kernels, _lowered
 from ._blocks import (
     KEYS,
     SCALED_QUERIES,
@@ -132,11 +132,25 @@ def _on_platform(config, one_device, kernel, *args):
     def xla(*args):
         return _in_turn(one_device, *args) if config.heads_in_turn else one_device(*args)
 
-    q, beta = args[0], args[2]
+    beta = args[2]
 
     def on(platform, interpret=False):
-        blocks = config.blocks.on(platform, q.shape[0])
-        return functools.partial(kernel, blocks=blocks, platform=platform, interpret=interpret)
+        built = functools.partial(
+            kernel, blocks=config.blocks, platform=platform, interpret=interpret
+        )
+        if interpret:
+            return built
+
+        # Built when lowered, for the chip lowered for (`_lowered`).
+        def at_lowering(*args):
+            leaves, tree = jax.tree.flatten(args)
+
+            def flat(*leaves, generation):
+                return tuple(built(*jax.tree.unflatten(tree, leaves), generation=generation))
+
+            return _lowered.at_lowering(flat, *leaves)
+
+        return at_lowering
 
     narrow = jnp.dtype(beta.dtype).itemsize <= 4
     gpu = on("gpu") if narrow else xla

@@ -102,32 +102,48 @@ def select_implementation(
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-    r"""How the blockwise passes cut the sequences, per platform: the tiling of the XLA loop
-    (on a CPU, in float64 anywhere, on the ring) and of the Pallas kernels (GPUs, TPUs).
+    r"""How the blockwise passes cut the sequences, per platform and chip generation: the
+    tiling of the XLA loop (on a CPU, in float64 anywhere, on the ring) and of the Pallas
+    kernels (GPUs, TPUs), and how the kernels multiply float32.
 
-    Every field left `None` takes its platform's default (`BlockSizes.default`); a field
-    given applies on every platform. An integer `block_size=n` where the API takes a
-    `BlockSizes` means `BlockSizes(block_k=n, block_k_terms=n)`: `n` keys per block in
-    every pass.
+    Every field left `None` takes its platform's default (`BlockSizes.default`), chosen
+    for the chip the program is compiled for; a field given applies on every platform. An
+    integer `block_size=n` where the API takes a `BlockSizes` means
+    `BlockSizes(block_k=n, block_k_terms=n)`: `n` keys per block in every pass.
 
     | field | CPU (XLA loop) | GPU kernels | TPU kernels |
     | --- | --- | --- | --- |
-    | `block_q`: queries per block | every query at once | 64 | 128 |
-    | `block_k`: keys per block of the forward | 256 (128 above 4096 queries) | 64 | 128 |
-    | `block_k_terms`: keys per block of the derivatives' passes | half of `block_k` | 64 | 128 |
-    | `num_warps` (Triton) | - | 4 up to head size 64, else 8 | - |
-    | `num_stages` (Triton) | - | 2 | - |
+    | `block_q`: queries per block | every query | 64 ¹ | 128 |
+    | `block_k`: keys per step of the forward and row passes | 256 ² | 32 ³ | 512 ³ |
+    | `block_k_terms`: keys per column-pass program (CPU: per block) | `block_k / 2` | 64 | 512 ³ |
+    | `num_warps` (Triton) | - | 8 ⁴ | - |
+    | `num_stages` (Triton) | - | 1 | - |
+    | `float32_products` | exact | `"split"` | `"split"` |
+
+    ¹ 32 for float32 on sm_80. ² 128 above 4096 queries. ³ Halved for float32 heads above
+    128. ⁴ 4 on sm_100 for float32 heads above 128.
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
     the lanes of its vector registers), and a sequence shorter than a block is one block
-    of its own length rounded up. Column terms (the derivatives' $\sum_i w_{ij} X_i$) take
-    `block_k_terms` keys per program and `block_q` queries per step.
+    of its own length rounded up. The column pass (the derivatives' sums
+    $\sum_i w_{ij} X_i$) holds `block_k_terms` keys per program and steps through the
+    queries, half of `block_q` at a time on a GPU (a quarter for float32 at head size 256
+    and above). A pass whose sums would not fit a kernel's registers (or tensor memory)
+    is split over several kernels, each recomputing the probabilities; the budget is per
+    chip generation (`_kernels`).
+
+    `float32_products`: `"split"` multiplies float32 on the tensor cores (GPUs: three TF32
+    products; TPUs: six bfloat16 products) at float32 accuracy; `"highest"` asks for the
+    compilers' own float32 products (FMA loops on a GPU, without tensor cores).
 
     Why these defaults: on a CPU a `(seq, 256)` float32 block of scores stays in a core's
     cache up to 4096 queries, and the derivatives' passes, which do more work per block,
-    want half as many keys (`benchmarks/README.md`); on a GPU 64 x 64 blocks keep a
-    weighted pass's several `(64, 64)` weights in registers at head size 128; a TPU's
-    matrix unit is 128 x 128.
+    want half as many keys (`benchmarks/README.md`); on GPUs the sizes are the largest
+    that compile without spilling a register on an H100 and a B200 for every pass of every
+    derivative, at head sizes up to 256, with `wgmma` tiles of 64 rows on the H100
+    (`benchmarks/README.md`, the kernel report); a TPU's blocks are pipelined through
+    VMEM, so the scores of a `(128, 512)` block and their temporaries are what it holds
+    (a pass of many terms split over kernels, as on GPUs).
 
     Every tiling gives the same values and derivatives; only time and memory differ.
     """
@@ -137,30 +153,52 @@ class BlockSizes:
     block_k_terms: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    float32_products: str | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is not None:
+            if field.name == "float32_products":
+                if value not in (None, "split", "highest"):
+                    raise ValueError(
+                        f"float32_products must be 'split' or 'highest', got {value!r}"
+                    )
+            elif value is not None:
                 object.__setattr__(self, field.name, positive_int(field.name, value))
 
     @classmethod
-    def default(cls, platform: str, seq: int) -> "BlockSizes":
-        """The defaults of `platform` (`"cpu"`, `"gpu"` or `"tpu"`) for `seq` queries, every
-        field set (`block_q=seq` on a CPU: the XLA loop takes every query at once)."""
+    def default(
+        cls,
+        platform: str,
+        seq: int,
+        *,
+        generation: str | None = None,
+        dtype: DTypeLike = jnp.float32,
+        head_dim: int = 128,
+    ) -> "BlockSizes":
+        """The defaults of `platform` (`"cpu"`, `"gpu"` or `"tpu"`) for `seq` queries of
+        `dtype` and head size `head_dim`, on chip `generation` (`"sm_80"`, `"sm_90"`,
+        `"sm_100"`, ...; `"v4"`, `"v5e"`, `"v5p"`, `"v6e"`; `None`: any), every field set
+        (`block_q=seq` on a CPU: the XLA loop takes every query at once)."""
         if platform == "cpu":
             keys = 256 if seq <= 4096 else 128
-            return cls(seq, keys, keys // 2, None, None)
+            return cls(seq, keys, keys // 2, None, None, None)
+        single = jnp.dtype(dtype).itemsize >= 4
+        wide = single and head_dim > 128
         if platform == "gpu":
-            return cls(64, 64, 64, None, 2)
+            warps = 4 if wide and generation == "sm_100" else 8
+            # An A100's float32 operands (two TF32 parts) take half the queries per block
+            # into its 163 KiB of shared memory.
+            queries = 32 if single and generation == "sm_80" else 64
+            return cls(queries, 16 if wide else 32, 64, warps, 1, "split")
         if platform == "tpu":
-            return cls(128, 128, 128, None, None)
+            return cls(128, 256 if wide else 512, 256 if wide else 512, None, None, "split")
         raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
 
-    def on(self, platform: str, seq: int) -> "BlockSizes":
+    def on(self, platform: str, seq: int, **target) -> "BlockSizes":
         """These sizes, the fields left `None` filled with `platform`'s defaults for `seq`
-        queries (`num_warps` stays `None` on a GPU: the kernel picks it by the head size)."""
-        default = BlockSizes.default(platform, seq)
+        queries (`target`: `BlockSizes.default`'s keywords)."""
+        default = BlockSizes.default(platform, seq, **target)
         return BlockSizes(
             *(
                 getattr(default, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
@@ -192,3 +230,252 @@ def as_block_sizes(block_size: BlockSize) -> BlockSizes:
         )
     n = positive_int("block_size", block_size)
     return BlockSizes(block_k=n, block_k_terms=n)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTiles:
+    """The tiling of one kernel: `bq` queries and `bk` keys per block, the lengths padded to
+    them (`seq_p`, `mem_p`), the true lengths where padded (`padded_seq`, `padded_mem`,
+    else `None`), Triton's warps and stages, and the float32 products."""
+
+    bq: int
+    bk: int
+    seq_p: int
+    mem_p: int
+    padded_seq: int | None
+    padded_mem: int | None
+    num_warps: int | None
+    num_stages: int | None
+    float32_products: str
+    contraction: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What one kernel may accumulate: `columns` of sums (the accumulators, in registers
+    or tensor memory) and `pairs` distinct bilinear products per block (the terms'
+    factors). A pass that needs more is split over several kernels; with `narrow`, a
+    kernel that still holds more pairs (a term whose factors cannot be expanded) steps
+    through fewer keys (or queries) at a time."""
+
+    columns: int
+    pairs: int
+    narrow: bool = False
+
+
+def _pow2(n: int, least: int) -> int:
+    return max(least, 1 << max(0, int(n) - 1).bit_length())
+
+
+#: NVIDIA compute capabilities by the names of the chips' devices, where a device does not
+#: say (a topology's description of a chip, for one).
+_GPU_NAMES = {
+    "A100": "sm_80",
+    "A800": "sm_80",
+    "H100": "sm_90",
+    "H200": "sm_90",
+    "H800": "sm_90",
+    "GH200": "sm_90",
+    "B200": "sm_100",
+    "B100": "sm_100",
+    "GB200": "sm_100",
+}
+#: TPU generations by device kind.
+_TPU_KINDS = {
+    "TPU v4": "v4",
+    "TPU v4 lite": "v4i",
+    "TPU v5 lite": "v5e",
+    "TPU v5e": "v5e",
+    "TPU v5": "v5p",
+    "TPU v5p": "v5p",
+    "TPU v6 lite": "v6e",
+    "TPU v6e": "v6e",
+    "TPU7x": "v7x",
+}
+
+
+def generation_of(device) -> str | None:
+    """The chip generation of a JAX device: `"sm_90"` (from a GPU's compute capability, or
+    its name), `"v5e"` (a TPU's kind); `None` for anything else (a CPU)."""
+    kind = str(getattr(device, "device_kind", ""))
+    if kind in _TPU_KINDS:
+        return _TPU_KINDS[kind]
+    if getattr(device, "platform", "") in ("gpu", "cuda"):
+        capability = getattr(device, "compute_capability", None)
+        if capability:
+            return "sm_" + str(capability).replace(".", "")
+        for name, generation in _GPU_NAMES.items():
+            if name in kind:
+                return generation
+    return None
+
+
+def target_generation(platform: str) -> str | None:
+    """The generation of the `platform` chip (`"gpu"` or `"tpu"`) a program is for, where
+    JAX says so when it traces: the abstract mesh's device, else the default device
+    (`jax.default_device`), else the first device. The kernels ask the lowering first (the
+    device it lowers for: `_lowered`), and this where it names none; `None` when nothing
+    names such a chip: the kernels then take tiles that fit every generation."""
+    candidates = []
+    mesh = jax.sharding.get_abstract_mesh()
+    if getattr(mesh, "abstract_device", None) is not None:
+        candidates.append(mesh.abstract_device)
+    default = getattr(jax.config, "jax_default_device", None)
+    if default is not None and not isinstance(default, str):
+        candidates.append(default)
+    try:
+        candidates.append(jax.devices()[0])
+    except RuntimeError:  # pragma: no cover - no backend at all
+        pass
+    for device in candidates:
+        generation = generation_of(device)
+        family = "tpu" if generation and generation.startswith("v") else "gpu"
+        if generation is not None and family == platform:
+            return generation
+    return None
+
+
+def kernel_tiles(
+    blocks: BlockSizes,
+    platform: str,
+    *,
+    kind: str,
+    seq: int,
+    mem: int,
+    dim: int,
+    itemsize: int,
+    mask: str | None,
+    generation: str | None = None,
+) -> tuple[KernelTiles, Budget]:
+    """The tiling of one kernel on `platform` (`"gpu"` or `"tpu"`) and what it may
+    accumulate: `kind` is the pass (`"forward"`, `"rows"`, `"columns"`), `dim` the padded
+    head size, `itemsize` the inputs', `generation` the chip's (`None`: as
+    `target_generation` finds it)."""
+    if generation is None:
+        generation = target_generation(platform)
+    wide = itemsize >= 4 and dim > 128
+    sizes = blocks.on(
+        platform,
+        seq,
+        generation=generation,
+        dtype="float32" if itemsize >= 4 else "bfloat16",
+        head_dim=dim,
+    )
+    least_rows = 16 if platform == "gpu" else (32 if mask == "dense" else 16)
+    least_keys = 16 if platform == "gpu" else 128
+    # The row passes step through the keys as the forward does; the column pass's programs
+    # hold `block_k_terms` keys each.
+    block_k = sizes.block_k_terms if kind == "columns" else sizes.block_k
+    block_q = sizes.block_q
+    if platform == "gpu" and kind == "columns":
+        # The column pass's programs hold keys and step through the queries: half a
+        # query block per step (a quarter for wide float32 heads) keeps its transposed
+        # blocks as small as the row passes'.
+        block_q = max(least_rows, cast(int, block_q) // (4 if wide else 2))
+    bq = min(_pow2(cast(int, block_q), least_rows), _pow2(seq, least_rows))
+    bk = min(_pow2(cast(int, block_k), least_keys), _pow2(mem, least_keys))
+    seq_p = -(-seq // bq) * bq
+    mem_p = -(-mem // bk) * bk
+    warps = sizes.num_warps
+    tiles = KernelTiles(
+        bq,
+        bk,
+        seq_p,
+        mem_p,
+        seq if seq_p != seq else None,
+        mem if mem_p != mem else None,
+        warps,
+        sizes.num_stages,
+        sizes.float32_products or "split",
+        # Products contract at most this many columns of their operands at once.
+        None if platform == "tpu" else 64,
+    )
+    asked = (blocks.block_q, blocks.block_k_terms if kind == "columns" else blocks.block_k)
+    if any(size is not None for size in asked):
+        _check_fits(tiles, platform, generation, kind, dim, itemsize, blocks)
+    if platform == "tpu":
+        # VMEM holds a pass's sums and its `(bq, bk)` temporaries (scores, probabilities,
+        # each pair's product and each term's weights): a pass of many terms (the layers'
+        # second and third derivatives) is split at 512 columns of sums and 4 pairs.
+        return tiles, Budget(columns=512, pairs=4)
+    return tiles, gpu_budget(generation, itemsize)
+
+
+def gpu_budget(generation: str | None, itemsize: int) -> Budget:
+    """What one GPU kernel may accumulate: 128 columns of sums and 2 bilinear pairs, but
+    for float32 (operands in two TF32 parts, products in three) off sm_100, whose sums sit
+    in tensor memory rather than registers: 64 columns and 1 pair. Measured: these compile
+    every pass of every derivative without a spilled register on the H100 and the B200, at
+    head sizes up to 256 (`benchmarks/device_compile.py`)."""
+    if itemsize < 4 or generation == "sm_100":
+        return Budget(columns=128, pairs=2)
+    return Budget(columns=64, pairs=1, narrow=True)
+
+
+def narrow_tiles(tiles: KernelTiles, kind: str) -> KernelTiles:
+    """`tiles` stepping through half as many keys (row passes) or queries (column pass,
+    on 4 warps), at least 16: for a kernel whose products would not fit otherwise."""
+    if kind == "columns":
+        bq = max(16, tiles.bq // 2)
+        return dataclasses.replace(tiles, bq=bq, num_warps=4 if tiles.num_warps else None)
+    bk = max(16, tiles.bk // 2)
+    return dataclasses.replace(tiles, bk=bk)
+
+
+#: Shared memory per block (bytes, opt-in) by NVIDIA generation; scoped VMEM (bytes, the
+#: compiler's default limit) by TPU generation. Unknown generations are not checked.
+_SHARED_MEMORY = {
+    "sm_80": 166912,
+    "sm_86": 101376,
+    "sm_89": 101376,
+    "sm_90": 232448,
+    "sm_100": 232448,
+    "sm_120": 101376,
+}
+_VMEM = {"v4": 16 << 20, "v5e": 16 << 20, "v5p": 16 << 20, "v6e": 32 << 20}
+
+
+def _on_chip_bytes(platform: str, bq: int, bk: int, dim: int, itemsize: int, stages) -> int:
+    """About the on-chip memory one kernel's blocks take: on a GPU its operands' blocks (one
+    contraction chunk of 64 columns, float32 as two TF32 parts) per pipeline stage and two
+    `(bq, bk)` float32 blocks; on a TPU its double-buffered operand blocks (float32 as three
+    bfloat16 parts), its running sums and eight `(bq, bk)` float32 temporaries. An
+    estimate, for the error below: the compilers decide."""
+    element = itemsize * 2 if itemsize >= 4 else itemsize
+    if platform == "gpu":
+        return max(1, stages or 1) * (bq + bk) * min(dim, 64) * element + 2 * bq * bk * 4
+    element = 6 if itemsize >= 4 else itemsize
+    return 2 * (bq + bk) * dim * element + 3 * bq * dim * 4 + 8 * bq * bk * 4
+
+
+def _check_fits(tiles, platform, generation, kind, dim, itemsize, blocks) -> None:
+    """A `ValueError` when tiles a user asked for cannot fit the chip's on-chip memory,
+    naming the limit and tiles that would fit."""
+    limit = (_SHARED_MEMORY if platform == "gpu" else _VMEM).get(generation or "")
+    if limit is None:
+        return
+    rows, keys = (tiles.bk, tiles.bq) if kind == "columns" else (tiles.bq, tiles.bk)
+    stages = tiles.num_stages
+
+    def need(rows, keys):
+        return _on_chip_bytes(platform, rows, keys, dim, itemsize, stages)
+
+    if need(rows, keys) <= limit:
+        return
+    fit_rows, fit_keys = rows, keys
+    while need(fit_rows, fit_keys) > limit and max(fit_rows, fit_keys) > 16:
+        if fit_rows >= fit_keys:
+            fit_rows //= 2
+        else:
+            fit_keys //= 2
+    memory = "shared memory per block" if platform == "gpu" else "scoped VMEM"
+    if kind == "columns":
+        fit = f"block_k_terms={fit_rows} with {fit_keys} queries per step"
+    else:
+        fit = f"block_q={fit_rows}, block_k={fit_keys}"
+    raise ValueError(
+        f"{blocks} asks the {platform.upper()} kernels for {rows} x {keys} blocks ({kind} "
+        f"pass), about {need(rows, keys) / 1024:.0f} KiB of on-chip memory at head size "
+        f"{dim} ({8 * itemsize}-bit inputs), more than the {limit / 1024:.0f} KiB of {memory} "
+        f"of {generation}; {fit} would fit"
+    )

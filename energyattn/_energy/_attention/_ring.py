@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
+from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
     SCALED_QUERIES,
@@ -106,20 +107,29 @@ def ring_pass(ring, step, carry, travel, total=None):
     return carry, jax.tree.map(lambda x: x.reshape(mem, *x.shape[2:]), total)
 
 
-def _chunk_view(ring, seq, mask, first_key, length):
-    """The visiting piece's mask columns and its `(row0, col0)` offsets."""
-    if mask is not None:
+def _chunk_view(ring, seq, mask, key_ids, first_key, length):
+    """The visiting piece's mask (a dense mask's columns; segment ids with the piece's key
+    ids, which travel with the keys) and its `(row0, col0)` offsets."""
+    if isinstance(mask, SegmentIds):
+        mask = SegmentIds(mask.query, key_ids)
+    elif mask is not None:
         mask = jax.lax.dynamic_slice_in_dim(mask, first_key, length, axis=1)
     return mask, (jax.lax.axis_index(ring.name) * seq, first_key)
 
 
+def _key_ids(mask):
+    """What of the mask travels with the keys: the keys' segment ids (or nothing)."""
+    return mask.keys if isinstance(mask, SegmentIds) else None
+
+
 def _local_forward(ring, q, k, beta, mask, structure, block_size):
-    def step(carry, k_piece, first_key):
-        mask_c, offsets = _chunk_view(ring, q.shape[0], mask, first_key, k_piece.shape[0])
+    def step(carry, travel, first_key):
+        k_piece, ids = travel
+        mask_c, offsets = _chunk_view(ring, q.shape[0], mask, ids, first_key, k_piece.shape[0])
         args = (q, k_piece, beta, mask_c, structure, block_size, carry, offsets)
         return forward_chunk(*args), None
 
-    carry, _ = ring_pass(ring, step, forward_init(q, beta.dtype), k)
+    carry, _ = ring_pass(ring, step, forward_init(q, beta.dtype), (k, _key_ids(mask)))
     return forward_finish(carry)
 
 
@@ -132,8 +142,8 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_si
     widths[SCALED_QUERIES] = q.shape[1]
 
     def step(carry, travel, first_key):
-        k_piece, keyed_piece = travel
-        mask_c, offsets = _chunk_view(ring, q.shape[0], mask, first_key, k_piece.shape[0])
+        k_piece, keyed_piece, ids = travel
+        mask_c, offsets = _chunk_view(ring, q.shape[0], mask, ids, first_key, k_piece.shape[0])
         pieces = {**whole, **keyed_piece}
         args = (q, k_piece, beta, lse, mask_c, pieces, terms, structure, block_size, carry)
         return terms_chunk(*args, offsets)
@@ -141,7 +151,7 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_si
     total = tuple(jnp.zeros((k.shape[0], widths[t.value]), acc) for t in terms if not t.row)
     init = terms_init(q.shape[0], arrays, terms, acc, k.shape[1])
     # The keys (and the arrays per key) travel; per-query arrays stay.
-    return ring_pass(ring, step, init, (k, keyed), total or None)
+    return ring_pass(ring, step, init, (k, keyed, _key_ids(mask)), total or None)
 
 
 def _on_ring(ring, local, split, whole, out_specs):

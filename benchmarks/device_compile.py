@@ -1,0 +1,258 @@
+"""The public programs compiled by the chips' own compilers, on this CPU, with no device.
+
+Question: does every program a user writes with energyattn compile on the chips the kernels
+target (A100, H100, B200; TPU v4, v5e, v5p, v6e), without spilling registers on the H100
+and the B200, with tensor-core instructions in every kernel, and with device memory that
+grows as O(seq)?
+
+Deviceless ahead-of-time compilation (`energyattn.aot`): libtpu's compiler for the TPU
+generations, the CUDA plugin's (Triton, then `ptxas`) for the NVIDIA target descriptions
+in `energyattn/_targets/`. Needs `pip install ".[device-compile]"`.
+
+The matrix: programs x forms x dtypes x lengths x head sizes, as the accelerator issue
+names them.
+
+- programs: `attention_logsumexp` with each mask kind (none, causal, the excluded
+  diagonal, a dense mask, segment ids), 8 heads under `jax.vmap`, `HopfieldAttention`,
+  `EnergyTransformer` and the energy-based transformer;
+- forms: value, value and gradient, JVP, HVP (forward over reverse) and linearize;
+- dtypes: bfloat16, float16 (GPUs) and float32; lengths: 1000 (odd: no block
+  multiple), 65536 and 131072 keys; head sizes 64, 80, 128 and 256.
+
+`--matrix full` is every cell (but the dense mask beyond 1000 keys: its own O(seq^2)
+input); `--matrix ci` (what `tests/test_device_compile.py` runs, in about 3 minutes on 2
+cores) is, per chip, the five forms at 64k and 128k keys (the memory check) and a
+rotation through the matrix such that every program meets every form on every platform.
+
+    python benchmarks/device_compile.py --all [--matrix full]    # every chip, a summary
+    python benchmarks/device_compile.py --chip h100 [--matrix ci] # one chip, JSON lines
+"""
+
+import argparse
+import concurrent.futures
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHIPS = ("a100", "h100", "b200", "v4", "v5e", "v5p", "v6e")
+GPUS = ("a100", "h100", "b200")
+PROGRAMS = (
+    "lse",
+    "lse_causal",
+    "lse_exclude_self",
+    "lse_dense_mask",
+    "lse_segments",
+    "heads",
+    "HopfieldAttention",
+    "EnergyTransformer",
+    "EnergyBasedTransformer",
+)
+FORMS = ("value", "value_and_grad", "jvp", "hvp", "linearize")
+LENGTHS = (1000, 65536, 131072)
+HEADS = (64, 80, 128, 256)
+#: The programs whose kernels must spill nothing (the issue's zero-spill chips).
+NO_SPILLS = ("h100", "b200")
+
+
+def dtypes(chip: str) -> tuple[str, ...]:
+    return ("bfloat16", "float16", "float32") if chip in GPUS else ("bfloat16", "float32")
+
+
+def program(name: str, seq: int, head: int):
+    """`f(x) -> scalar` for `x` of shape `(seq, width(name, head))`."""
+    import jax
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    import energyattn as ea
+
+    key = jr.key(0)
+    if name.startswith("lse"):
+        if name == "lse_dense_mask":
+            mask = (jnp.arange(seq)[:, None] + jnp.arange(seq)[None, :]) % 3 != 0
+        elif name == "lse_segments":
+            ids = jnp.arange(seq) // 300  # packed sequences of 300 tokens
+            mask = ea.SegmentIds(ids, ids)
+        else:
+            mask = None
+        causal, self_ = name == "lse_causal", name == "lse_exclude_self"
+        return lambda x: ea.attention_logsumexp(
+            x, x, mask=mask, causal=causal, exclude_self=self_, beta=head**-0.5
+        ).sum()
+    if name == "heads":
+
+        def heads(x):
+            xs = x.reshape(seq, 8, head).transpose(1, 0, 2)
+            lse = jax.vmap(lambda h: ea.attention_logsumexp(h, h, causal=True))(xs)
+            return lse.sum()
+
+        return heads
+    if name == "HopfieldAttention":
+        layer = ea.nn.HopfieldAttention(2 * head, num_heads=2, key=key)
+        return lambda x: layer(x).astype(jnp.float32).sum()
+    if name == "EnergyTransformer":
+        layer = ea.nn.EnergyTransformer(
+            2 * head, num_heads=2, head_dim=head, num_memories=64, num_steps=1, key=key
+        )
+        return lambda x: layer(x).astype(jnp.float32).sum()
+    if name == "EnergyBasedTransformer":
+        model = ea.models.EnergyBasedTransformer(head, seq, dim=2 * head, num_heads=2, key=key)
+        return lambda x: model(x, jnp.sin(x))
+    raise ValueError(name)
+
+
+def width(name: str, head: int) -> int:
+    return {"heads": 8 * head, "HopfieldAttention": 2 * head, "EnergyTransformer": 2 * head}.get(
+        name, head
+    )
+
+
+def form(name: str, f):
+    import jax
+
+    return {
+        "value": f,
+        "value_and_grad": jax.value_and_grad(f),
+        "jvp": lambda x: jax.jvp(f, (x,), (x,)),
+        "hvp": lambda x: jax.jvp(jax.grad(f), (x,), (x,))[1],
+        "linearize": lambda x: jax.linearize(f, x)[1](x),
+    }[name]
+
+
+def matrix(chip: str, which: str) -> list[tuple]:
+    """The cases `(program, form, dtype, seq, head)` of `which` matrix for `chip`."""
+    if which == "full":
+        cases = itertools.product(PROGRAMS, FORMS, dtypes(chip), LENGTHS, HEADS)
+        return [c for c in cases if not (c[0] == "lse_dense_mask" and c[3] > 1000)]
+    # The memory check: every form at 64k and 128k keys.
+    cases = [("lse_causal", f, "bfloat16", n, 128) for f in FORMS for n in LENGTHS[1:]]
+    # A rotation: each program with each form once per platform, the chips of a platform
+    # taking turns, the dtypes, lengths and head sizes cycling.
+    # The models' kernels do not depend on the length, and their other programs (position
+    # tables, MLPs) take long to compile at 128k: they take 1000 tokens.
+    same = [c for c in CHIPS if (c in GPUS) == (chip in GPUS)]
+    turn = same.index(chip)
+    for i, (prog, form_) in enumerate(itertools.product(PROGRAMS, FORMS)):
+        if i % len(same) != turn:
+            continue
+        n = i // len(same) + turn
+        dtype = dtypes(chip)[n % len(dtypes(chip))]
+        model = prog[0].isupper()
+        seq = LENGTHS[0] if model or prog == "lse_dense_mask" else LENGTHS[n % len(LENGTHS)]
+        # The models' second derivatives at head size 256 take minutes to compile; the
+        # attention programs cover that size.
+        heads = HEADS[:3] if model else HEADS
+        cases.append((prog, form_, dtype, seq, heads[n % len(heads)]))
+    return cases
+
+
+def compile_case(chip: str, case: tuple) -> dict:
+    """One case compiled for `chip`: whether it compiled, its temporary device memory, and
+    its kernels (`energyattn.aot.Kernel`, the energy attention's only)."""
+    import jax
+    import jax.numpy as jnp
+
+    import energyattn as ea
+
+    name, how, dtype, seq, head = case
+    row = dict(chip=chip, program=name, form=how, dtype=dtype, seq=seq, head=head)
+    start = time.perf_counter()
+    try:
+        x = jax.ShapeDtypeStruct((seq, width(name, head)), jnp.dtype(dtype))
+        compiled, kernels = ea.aot.kernels(chip, form(how, program(name, seq, head)), x)
+        row["ok"] = True
+        row["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+        row["kernels"] = [
+            {k: v for k, v in vars(kernel).items() if v not in (None, ())}
+            for kernel in kernels
+            if kernel.name.startswith("energy_attention")
+        ]
+    except Exception as error:  # the compiler's own message is the result
+        row["ok"] = False
+        row["error"] = " ".join(str(error).split())[:500]
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def run_chip(chip: str, cases: list[tuple]) -> None:
+    for case in cases:
+        print(json.dumps(compile_case(chip, case)), flush=True)
+
+
+def environment_for(chip: str) -> dict[str, str]:
+    """The environment a chip's subprocess needs (set before JAX starts)."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["EQX_ON_ERROR"] = "nan"  # Equinox's runtime checks as NaN: no host callbacks
+    if chip in GPUS:
+        env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    else:
+        env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # TPU compilations in parallel processes
+        env["TPU_SKIP_MDS_QUERY"] = "1"
+    return env
+
+
+def run_all(which: str, workers: int = 2) -> list[dict]:
+    """Every chip's matrix, one subprocess per chip, `workers` at a time."""
+
+    def one(chip):
+        cases = json.dumps(matrix(chip, which))
+        command = [sys.executable, __file__, "--chip", chip, "--cases", cases]
+        done = subprocess.run(command, env=environment_for(chip), capture_output=True, text=True)
+        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 and not rows:
+            rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
+        return rows
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return [row for rows in pool.map(one, CHIPS) for row in rows]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    lines = []
+    for chip in CHIPS:
+        mine = [r for r in rows if r["chip"] == chip]
+        kernels = [k for r in mine for k in r.get("kernels", ())]
+        spills = sum(k.get("spill_bytes", 0) for k in kernels)
+        bare = sum(1 for k in kernels if chip in GPUS and not k.get("matrix_instructions"))
+        lines.append(
+            f"{chip:5s} {sum(r['ok'] for r in mine):4d}/{len(mine):<4d} compile; "
+            f"{len(kernels)} kernels, {spills} spill bytes, {bare} without tensor cores; "
+            f"{sum(r['seconds'] for r in mine):.0f} s"
+        )
+        for r in mine:
+            if not r["ok"]:
+                lines.append(
+                    f"    FAIL {r.get('program')} {r.get('form')} {r.get('dtype')} "
+                    f"{r.get('seq')}x{r.get('head')}: {r['error'][:200]}"
+                )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chip", choices=CHIPS)
+    parser.add_argument("--all", action="store_true", help="every chip, in subprocesses")
+    parser.add_argument("--matrix", choices=("ci", "full"), default="ci")
+    parser.add_argument("--cases", help="a JSON list of cases (for --chip)")
+    args = parser.parse_args()
+    if args.all:
+        rows = run_all(args.matrix)
+        print("\n".join(summary(rows)))
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _common import write_rows
+
+        print(write_rows(f"device_compile_{args.matrix}", rows))
+    elif args.chip:
+        cases = json.loads(args.cases) if args.cases else matrix(args.chip, args.matrix)
+        run_chip(args.chip, [tuple(c) for c in cases])
+    else:
+        parser.error("give --chip or --all")
+
+
+if __name__ == "__main__":
+    main()

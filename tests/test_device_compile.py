@@ -1,0 +1,102 @@
+"""The public programs compiled by the chips' own compilers, on this CPU (deviceless AOT).
+
+libtpu's compiler for TPU v4, v5e, v5p and v6e; the CUDA plugin's (Triton, then `ptxas`)
+for A100 (sm_80), H100 (sm_90) and B200 (sm_100). Each chip compiles in a process of its
+own (`benchmarks/device_compile.py`), two at a time.
+
+What it covers, per chip (`device_compile.matrix(chip, "ci")`):
+
+- the five forms (value, value and gradient, JVP, HVP, linearize) of the causal
+  log-sum-exp at 64k and 128k keys (bfloat16, head size 128): they compile, and their
+  temporary device memory at 128k is at most 2.2x that at 64k (O(seq));
+- a rotation through programs x forms (every program, every mask kind, vmapped heads,
+  the three layers and models, meets every form on each platform), the dtypes (float16
+  on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256) cycling.
+
+And for every kernel of the energy attention: no spilled register on the H100 and the
+B200, and a tensor-core instruction (`wgmma`, `tcgen05.mma`, `mma.sync`) in each GPU
+kernel. The whole matrix (`--matrix full`) is `benchmarks/device_compile.py --all`'s.
+
+Needs the `device-compile` extra; `.ci/run` runs it on its own (`pytest -m
+device_compile`), beside the main suite. Skipped where the extra is not installed.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.device_compile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import device_compile  # noqa: E402
+
+MISSING = [
+    name
+    for name in ("libtpu", "jax_plugins.xla_cuda12", "nvidia.cuda_nvcc")
+    if importlib.util.find_spec(name.split(".")[0]) is None
+    or importlib.util.find_spec(name) is None
+]
+if MISSING:
+    pytest.skip(
+        f"needs the device-compile extra (missing: {', '.join(MISSING)}): "
+        'pip install ".[device-compile]"',
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def results():
+    rows = device_compile.run_all("ci", workers=2)
+    print("\n".join(device_compile.summary(rows)))
+    return rows
+
+
+@pytest.mark.parametrize("chip", device_compile.CHIPS)
+def test_every_case_compiles(results, chip):
+    mine = [r for r in results if r["chip"] == chip]
+    assert len(mine) == len(device_compile.matrix(chip, "ci"))
+    failed = [
+        f"{r.get('program')} {r.get('form')} {r.get('dtype')} {r.get('seq')}x{r.get('head')}: "
+        f"{r['error'][:300]}"
+        for r in mine
+        if not r["ok"]
+    ]
+    assert not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("chip", device_compile.GPUS)
+def test_gpu_kernels_use_tensor_cores_and_spill_nothing(results, chip):
+    kernels = [
+        (r["program"], r["form"], r["dtype"], r["head"], k)
+        for r in results
+        if r["chip"] == chip and r["ok"]
+        for k in r["kernels"]
+    ]
+    assert kernels, "no energy-attention kernel found"
+    bare = [k for k in kernels if not k[-1].get("matrix_instructions")]
+    assert not bare, f"kernels without tensor-core instructions: {bare[:5]}"
+    if chip in device_compile.NO_SPILLS:
+        spilled = [k for k in kernels if k[-1].get("spill_bytes")]
+        assert not spilled, f"kernels that spill registers: {spilled[:5]}"
+    # A program's kernels stay within the chip's shared memory (the compile would fail
+    # otherwise) and the float32 passes run on tensor cores too.
+    float32 = [k for k in kernels if k[2] == "float32"]
+    assert float32 and all("tf32" in " ".join(k[-1]["matrix_instructions"]) for k in float32)
+
+
+@pytest.mark.parametrize("chip", device_compile.CHIPS)
+def test_device_memory_is_linear_in_the_sequence(results, chip):
+    # Temporary device memory (XLA's buffer assignment of the compiled program) at 128k
+    # keys against 64k: at most 2.2x, in every form.
+    by = {
+        (r["form"], r["seq"]): r["temp_bytes"]
+        for r in results
+        if r["chip"] == chip
+        and r["ok"]
+        and (r["program"], r["dtype"], r["head"]) == ("lse_causal", "bfloat16", 128)
+    }
+    for form in device_compile.FORMS:
+        small, large = by[(form, 65536)], by[(form, 131072)]
+        assert large <= 2.2 * small + 1, f"{form}: {small} -> {large} bytes"
