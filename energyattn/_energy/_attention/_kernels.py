@@ -1,31 +1,40 @@
 r"""Pallas kernels for the two passes (`forward_p`, `terms_p`) on GPUs and TPUs: what both
 platforms share. The loops and the loads are each platform's (`_kernels_gpu`: Triton, a
-program per block of rows looping over the other axis; `_kernels_tpu`: Mosaic, a grid over
-both axes with the running sums in VMEM scratch); this module gives them the passes' block
-arithmetic, the operands and their tiling, the products, and the cost estimates.
+program per block of rows looping over the other sequence; `_kernels_tpu`: Mosaic, a grid
+over both with the running sums in VMEM scratch); this module gives them the block
+arithmetic, the operands, the products, the plan of kernels and the cost estimates.
 
-Three passes, each a function of one `(rows, keys)` block at a time:
+Three kinds of kernel, each a function of one block at a time:
 
 - `forward`: the online pass (flash attention's forward), a program per query block, the
   key blocks visited in turn: the log-sum-exp rows and the output $\sum_j p_{ij} k_j$, and
   with row terms their sums too (the fused forward of a JVP);
 - `rows`: row terms $\sum_j w_{ij} X_j$, a program per query block over the key blocks;
 - `columns`: column terms $\sum_i w_{ij} X_i$, a program per key block over the query
-  blocks (the shape of flash attention's $dK/dV$ kernel).
+  blocks (the shape of flash attention's $dK/dV$ kernel), its blocks held transposed so
+  that every product is a plain one.
 
 The block arithmetic (the allowed entries, the online update, the probabilities, the
 terms' weights) is `_blocks`'s, shared with the XLA loop.
 
 **Products take their precision from their operands.** Half-precision operands multiply as
 they are, accumulating in float32. A float32 operand is split into parts the matrix units
-take exactly: on a GPU two TF32 parts (Veltkamp's split, $x = x_1 + x_2$ with $x_1$ on 11
-significant bits), three products $a_1 b_1 + a_1 b_2 + a_2 b_1$ on the tensor cores (as
+take exactly (once, outside the kernel, for the inputs; in the kernel for the
+probabilities and weights): on a GPU two TF32 parts ($x_1$ rounded to 11 significant bits,
+$x_2 = x - x_1$), three products $a_1 b_1 + a_1 b_2 + a_2 b_1$ on the tensor cores (as
 Triton's `tf32x3`); on a TPU three bfloat16 parts and the six products whose parts'
 orders sum to at most 2 (as XLA's HIGHEST precision there). The dropped products are
-$O(2^{-22})$ and $O(2^{-24})$ of the product: float32 accuracy (`tests/test_kernels.py`
-measures it). A half-precision operand is exact in either part format and is not split.
+$O(2^{-22})$ of the product: float32 accuracy (`tests/test_kernels.py` measures it). A
+half-precision operand is exact in either part format and is not split.
 `BlockSizes(float32_products="highest")` asks for the compilers' own float32 products
 instead: FMA loops on a GPU (no tensor cores), Mosaic's on a TPU.
+
+**A pass may take several kernels.** A kernel accumulates at most the `Budget` of its chip
+(columns of sums, bilinear pairs per block: `_policy`); a pass that needs more is planned
+over several kernels, each recomputing the probabilities: sums wider than the budget in
+column chunks, a factor that sums several pairs expanded into terms of fewer
+(distributivity), terms packed in order. The products contract their operands in chunks
+(`Products.chunk` columns, a loop on GPUs), so that on-chip memory holds a chunk of each.
 
 **Masks**: the structural ones (`Structure`) are computed from the blocks' positions, and
 the causal triangle skips the blocks above the diagonal; an explicit dense mask is read
@@ -89,10 +98,6 @@ class Block:
         width = self.width - start if width is None else width
         loaded = tuple(read(start, width) for read in self.reads)
         return Parts(loaded) if self.split else loaded[0]
-
-    @property
-    def dtype(self):
-        return jnp.dtype(jnp.float32) if self.split else None
 
 
 def _tf32_parts(x):
@@ -208,10 +213,6 @@ class Products:
         """`a @ b`."""
         return self(a, b, ((1,), (0,)))
 
-    def tn(self, a, b):
-        """`a.T @ b`."""
-        return self(a, b, ((0,), (0,)))
-
     def pieces(self, dtype) -> int:
         """How many products one product of a `dtype` operand costs (for the estimates)."""
         if not self.splits(dtype):
@@ -254,10 +255,6 @@ class Pass(NamedTuple):
     def value(self, output: Output) -> int:
         """The index of `output`'s values among the arrays (`KEYS` for the forward's)."""
         return KEYS if output.term is None else self.terms[output.term].value
-
-
-def _column(x):
-    return x if x.ndim == 2 else x[:, None]
 
 
 def _allowed(spec: Pass, blocks, queries, keys):
