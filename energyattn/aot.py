@@ -99,14 +99,22 @@ def target_config(name: str) -> str:
     return importlib.resources.files("energyattn").joinpath("_targets", chip.target).read_text()
 
 
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported (`False` also where a parent package is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _missing(chip: Chip) -> str | None:
     """Why this process cannot compile for `chip` (or `None`)."""
     install = 'install them with `pip install "energyattn[device-compile]"`'
     if chip.platform == "tpu":
-        if importlib.util.find_spec("libtpu") is None:
+        if not _installed("libtpu"):
             return f"compiling for a TPU needs libtpu (`jax[tpu]`): {install}"
         return None
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if not _installed("jax_plugins.xla_cuda12"):
         return (
             "compiling for an NVIDIA GPU needs the CUDA plugin (jax-cuda12-plugin and "
             f"jax-cuda12-pjrt, at jaxlib's version) and ptxas (nvidia-cuda-nvcc-cu12): {install}"
