@@ -33,13 +33,14 @@ from energyattn._energy._attention._blocks import (
 )
 from energyattn._energy._attention._policy import Budget, kernel_tiles, target_generation
 
-#: Row and column terms with shared, summed and repeated factors, a per-key value, the keys
-#: and the scaled queries: the shapes every derivative rule makes.
+#: Row and column terms with shared, summed, repeated and distinct factors, a per-key value,
+#: the keys and the scaled queries: the shapes every derivative rule makes.
 TERMS = (
     Term(True, (((0, KEYS),),), KEYS),
     Term(False, (((0, KEYS), (SCALED_QUERIES, 2)),), 1),
     Term(True, (), 2),
     Term(False, (((0, KEYS),), ((0, KEYS),)), SCALED_QUERIES),
+    Term(True, (((0, KEYS),), ((SCALED_QUERIES, 2),)), 2),
 )
 
 #: (seq, mem, head size, structure, explicit mask, dtype): odd lengths, several blocks, one
@@ -218,13 +219,14 @@ def test_float32_products_on_matrix_units_are_float32_accurate(platform):
 def test_a_pass_split_over_kernels_gives_the_same_sums(monkeypatch):
     # With a budget of 16 accumulated columns and one bilinear pair per kernel, the fused
     # forward keeps none of its terms, a factor of two pairs is expanded into two terms, and
-    # every sum wider than 16 is computed in column chunks over several kernels: the same
-    # numbers as the XLA loop (the GPU kernels, interpreted, in float64).
+    # every sum wider than 16 is computed in column chunks over several kernels, and a kernel
+    # whose factors still hold two pairs steps on narrowed tiles: the same numbers as the
+    # XLA loop (the GPU kernels, interpreted, in float64).
     original = _kernels.kernel_tiles
 
     def small(*args, **kwargs):
         tiles, _ = original(*args, **kwargs)
-        return tiles, Budget(columns=16, pairs=1)
+        return tiles, Budget(columns=16, pairs=1, narrow=True)
 
     monkeypatch.setattr(_kernels, "kernel_tiles", small)
     test_kernels_equal_the_xla_loop((37, 29, 24, Structure(causal=False), True, "float64"), "gpu")
