@@ -19,7 +19,9 @@ names them.
 - dtypes: bfloat16, float16 (GPUs) and float32; lengths: 1000 (odd: no block
   multiple), 65536 and 131072 keys; head sizes 64, 80, 128 and 256.
 
-`--matrix full` is every cell (but the dense mask beyond 1000 keys: its own O(seq^2)
+`--matrix more` draws 16 cases per chip beyond it: other lengths and head sizes, queries
+fewer than keys (padded by segment ids), causal with the diagonal excluded. `--matrix full`
+is every cell (but the dense mask beyond 1000 keys: its own O(seq^2)
 input); `--matrix ci` (what `tests/test_device_compile.py` runs, in about 3 minutes on 2
 cores) is, per chip, the five forms at 64k and 128k keys (the memory check) and a
 rotation through the matrix such that every program meets every form on every platform.
@@ -30,6 +32,7 @@ rotation through the matrix such that every program meets every form on every pl
 
 import argparse
 import concurrent.futures
+import importlib.metadata
 import itertools
 import json
 import os
@@ -51,15 +54,44 @@ PROGRAMS = (
     "EnergyTransformer",
     "EnergyBasedTransformer",
 )
+#: Beyond the issue's matrix (`--matrix more`): queries fewer than keys, both structures.
+MORE_PROGRAMS = ("lse_cross_padded", "lse_causal_exclude_self")
 FORMS = ("value", "value_and_grad", "jvp", "hvp", "linearize")
 LENGTHS = (1000, 65536, 131072)
 HEADS = (64, 80, 128, 256)
+#: `--matrix more`: lengths and head sizes the issue's matrix does not name.
+MORE_LENGTHS = (1, 17, 4097, 100003)
+MORE_HEADS = (16, 32, 96, 192, 512)
 #: The programs whose kernels must spill nothing (the issue's zero-spill chips).
 NO_SPILLS = ("h100", "b200")
 
 
 def dtypes(chip: str) -> tuple[str, ...]:
     return ("bfloat16", "float16", "float32") if chip in GPUS else ("bfloat16", "float32")
+
+
+#: The control (GPUs): a Pallas kernel that spills registers and uses no tensor core, so
+#: that the checks of spills and tensor cores are seen to fail where they should.
+CONTROL = "control_spills"
+
+
+def control(x):
+    """A `(128, 128)` float32 accumulator carried through a loop on one warp (512 registers
+    a thread, of 255): it spills."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    def kernel(x_ref, o_ref):
+        def step(i, acc):
+            return acc * x_ref[...] + i.astype(jnp.float32)
+
+        o_ref[...] = jax.lax.fori_loop(0, 4, step, x_ref[...])
+
+    params = plgpu.CompilerParams(num_warps=1, num_stages=1)
+    out = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    return pl.pallas_call(kernel, out_shape=out, compiler_params=params, name=CONTROL)(x).sum()
 
 
 def program(name: str, seq: int, head: int):
@@ -70,6 +102,8 @@ def program(name: str, seq: int, head: int):
 
     import energyattn as ea
 
+    if name == CONTROL:
+        return control
     key = jr.key(0)
     if name.startswith("lse"):
         if name == "lse_dense_mask":
@@ -77,11 +111,15 @@ def program(name: str, seq: int, head: int):
         elif name == "lse_segments":
             ids = jnp.arange(seq) // 300  # packed sequences of 300 tokens
             mask = ea.SegmentIds(ids, ids)
+        elif name == "lse_cross_padded":  # a third as many queries; the last keys padding
+            mask = ea.SegmentIds.padding(max(1, seq // 3), seq, key_length=seq - seq // 7)
         else:
             mask = None
-        causal, self_ = name == "lse_causal", name == "lse_exclude_self"
+        causal = name in ("lse_causal", "lse_causal_exclude_self")
+        self_ = name in ("lse_exclude_self", "lse_causal_exclude_self")
+        queries = max(1, seq // 3) if name == "lse_cross_padded" else seq
         return lambda x: ea.attention_logsumexp(
-            x, x, mask=mask, causal=causal, exclude_self=self_, beta=head**-0.5
+            x[:queries], x, mask=mask, causal=causal, exclude_self=self_, beta=head**-0.5
         ).sum()
     if name == "heads":
 
@@ -128,8 +166,12 @@ def matrix(chip: str, which: str) -> list[tuple]:
     if which == "full":
         cases = itertools.product(PROGRAMS, FORMS, dtypes(chip), LENGTHS, HEADS)
         return [c for c in cases if not (c[0] == "lse_dense_mask" and c[3] > 1000)]
+    if which == "more":
+        return more(chip)
     # The memory check: every form at 64k and 128k keys.
     cases = [("lse_causal", f, "bfloat16", n, 128) for f in FORMS for n in LENGTHS[1:]]
+    if chip in GPUS:
+        cases.append((CONTROL, "value", "float32", 128, 128))
     # A rotation: each program with each form once per platform, the chips of a platform
     # taking turns, the dtypes, lengths and head sizes cycling.
     # The models' kernels do not depend on the length, and their other programs (position
@@ -148,6 +190,23 @@ def matrix(chip: str, which: str) -> list[tuple]:
         heads = HEADS[:3] if model else HEADS
         cases.append((prog, form_, dtype, seq, heads[n % len(heads)]))
     return cases
+
+
+def more(chip: str, per_chip: int = 16) -> list[tuple]:
+    """`per_chip` cases beyond the issue's matrix, drawn for `chip` (seeded by its name):
+    other lengths (1 token, 17, 4097, 100003) and head sizes (16 to 512), every mask,
+    queries fewer than keys; the models at 1 and 17 tokens, head size 96."""
+    import random
+
+    draw = random.Random(f"more-{chip}")
+    cases = []
+    for _ in range(per_chip):
+        prog = draw.choice(PROGRAMS + MORE_PROGRAMS)
+        model = prog[0].isupper()
+        seq = draw.choice(MORE_LENGTHS[:2] if model or prog == "lse_dense_mask" else MORE_LENGTHS)
+        head = 96 if model else draw.choice(MORE_HEADS)
+        cases.append((prog, draw.choice(FORMS), draw.choice(dtypes(chip)), seq, head))
+    return list(dict.fromkeys(cases))
 
 
 def compile_case(chip: str, case: tuple) -> dict:
@@ -169,7 +228,7 @@ def compile_case(chip: str, case: tuple) -> dict:
         row["kernels"] = [
             {k: v for k, v in vars(kernel).items() if v not in (None, ())}
             for kernel in kernels
-            if kernel.name.startswith("energy_attention")
+            if kernel.name.startswith(("energy_attention", CONTROL))
         ]
     except Exception as error:  # the compiler's own message is the result
         row["ok"] = False
@@ -216,13 +275,15 @@ def summary(rows: list[dict]) -> list[str]:
     lines = []
     for chip in CHIPS:
         mine = [r for r in rows if r["chip"] == chip]
-        kernels = [k for r in mine for k in r.get("kernels", ())]
+        kernels = [k for r in mine if r.get("program") != CONTROL for k in r.get("kernels", ())]
         spills = sum(k.get("spill_bytes", 0) for k in kernels)
         bare = sum(1 for k in kernels if chip in GPUS and not k.get("matrix_instructions"))
+        controls = [k for r in mine if r.get("program") == CONTROL for k in r.get("kernels", ())]
+        seen = "".join(f"; the control spills {k.get('spill_bytes', 0)} bytes" for k in controls)
         lines.append(
             f"{chip:5s} {sum(r['ok'] for r in mine):4d}/{len(mine):<4d} compile; "
-            f"{len(kernels)} kernels, {spills} spill bytes, {bare} without tensor cores; "
-            f"{sum(r['seconds'] for r in mine):.0f} s"
+            f"{len(kernels)} kernels, {spills} spill bytes, {bare} without matrix units"
+            f"{seen}; {sum(r['seconds'] for r in mine):.0f} s"
         )
         for r in mine:
             if not r["ok"]:
@@ -237,7 +298,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chip", choices=CHIPS)
     parser.add_argument("--all", action="store_true", help="every chip, in subprocesses")
-    parser.add_argument("--matrix", choices=("ci", "full"), default="ci")
+    parser.add_argument("--matrix", choices=("ci", "full", "more"), default="ci")
     parser.add_argument("--cases", help="a JSON list of cases (for --chip)")
     args = parser.parse_args()
     if args.all:
@@ -246,7 +307,8 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from _common import write_rows
 
-        print(write_rows(f"device_compile_{args.matrix}", rows))
+        jax_version = importlib.metadata.version("jax")
+        print(write_rows(f"device_compile_{args.matrix}_jax{jax_version}", rows))
     elif args.chip:
         cases = json.loads(args.cases) if args.cases else matrix(args.chip, args.matrix)
         run_chip(args.chip, [tuple(c) for c in cases])

@@ -40,7 +40,6 @@ which picks its tiling by chip generation (the attention kernels' `BlockSizes`) 
 chip it is compiled for.
 """
 
-import contextlib
 import dataclasses
 import functools
 import glob
@@ -50,7 +49,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -226,7 +224,7 @@ def _matrix_instruction(text: str) -> str:
     return f"{family} {shape.group(0) if shape else '?'} {operand}"
 
 
-def _gpu_kernels(dump: str, run_ptxas: bool) -> list[Kernel]:
+def _gpu_kernels(dump: str) -> list[Kernel]:
     launches: dict[str, tuple[int, int]] = {}
     for path in glob.glob(os.path.join(dump, "*thunk_sequence.txt")):
         for line in open(path):
@@ -235,7 +233,12 @@ def _gpu_kernels(dump: str, run_ptxas: bool) -> list[Kernel]:
             )
             if found:
                 launches[found.group(1)] = (int(found.group(2)), int(found.group(3)))
-    ptxas = _ptxas() if run_ptxas else None
+    ptxas = _ptxas()
+    if ptxas is None:
+        raise RuntimeError(
+            "no ptxas to read the kernels' registers and spills: "
+            'pip install "energyattn[device-compile]" (nvidia-cuda-nvcc-cu12)'
+        )
     kernels = []
     for path in sorted(glob.glob(os.path.join(dump, "*.ptx"))):
         text = open(path).read()
@@ -243,7 +246,7 @@ def _gpu_kernels(dump: str, run_ptxas: bool) -> list[Kernel]:
             continue
         stats: dict[str, tuple[int | None, int | None]] = {}
         target = re.search(r"\.target\s+(\S+)", text)
-        if ptxas is not None and target is not None:
+        if target is not None:
             run = subprocess.run(
                 [ptxas, f"-arch={target.group(1)}", "-v", path, "-o", os.devnull],
                 capture_output=True,
@@ -293,47 +296,19 @@ def _tpu_kernels(dump: str) -> list[Kernel]:
     return kernels
 
 
-@contextlib.contextmanager
-def _captured_stderr():
-    """The process's standard error (file descriptor 2, where XLA's C++ logs go) captured
-    into a list of lines while the block runs."""
-    lines: list[str] = []
-    with tempfile.TemporaryFile(mode="w+") as capture:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(capture.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            lines.extend(capture.read().splitlines())
-
-
-def kernels(chip: str, fn: Callable[..., Any], *args: Any, ptxas: bool = False, **jit_kwargs):
+def kernels(chip: str, fn: Callable[..., Any], *args: Any, **jit_kwargs: Any):
     """`(compiled, kernels)`: `fn` compiled for `chip` as `compile_for` does, and the
     device kernels the chip's compiler built for it (`Kernel`s, XLA's own fusions among
     them).
 
-    On NVIDIA chips the spills are `ptxas`'s own warnings, as XLA ran it; with `ptxas=True`
-    `ptxas -v` runs again on each kernel's PTX (the `ptxas` of `nvidia-cuda-nvcc-cu12`, or
-    on the `PATH`) to give every kernel's registers too (about a second per kernel)."""
+    On NVIDIA chips each kernel's registers and spills are `ptxas -v`'s, run on the PTX
+    XLA compiled (the `ptxas` of `nvidia-cuda-nvcc-cu12`, or on the `PATH`; about a second
+    per kernel): XLA itself reports no spill it does not fail on."""
     gpu = _chip(chip).platform == "cuda"
-    with tempfile.TemporaryDirectory() as dump, _captured_stderr() as log:
-        compiled = _compile(chip, fn, args, jit_kwargs, options={"xla_dump_to": dump})
-        found = _gpu_kernels(dump, ptxas) if gpu else _tpu_kernels(dump)
-    if gpu:
-        spilled = {}
-        for line in log:
-            warned = re.search(r"spilled to local memory in function '([^']+)', (\d+) bytes", line)
-            if warned:
-                spilled[warned.group(1)] = int(warned.group(2))
-        found = [
-            k
-            if k.spill_bytes is not None
-            else dataclasses.replace(k, spill_bytes=spilled.get(k.name, 0))
-            for k in found
-        ]
+    with tempfile.TemporaryDirectory() as dump:
+        options = {"xla_dump_to": dump}
+        if gpu:  # the PTX of every module (JAX 0.10 dumps it anyway, 0.12 when asked)
+            options["xla_dump_emitter_re"] = "ptx"
+        compiled = _compile(chip, fn, args, jit_kwargs, options=options)
+        found = _gpu_kernels(dump) if gpu else _tpu_kernels(dump)
     return compiled, found

@@ -13,9 +13,11 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   the three layers and models, meets every form on each platform), the dtypes (float16
   on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256) cycling.
 
-And for every kernel of the energy attention: no spilled register on the H100 and the
-B200, and a tensor-core instruction (`wgmma`, `tcgen05.mma`, `mma.sync`) in each GPU
-kernel. The whole matrix (`--matrix full`) is `benchmarks/device_compile.py --all`'s.
+And for every kernel of the energy attention: a tensor-core instruction (`wgmma`,
+`tcgen05.mma`, `mma.sync`) in each GPU kernel, and no spilled register on the H100 and the
+B200 (`ptxas -v`; not met yet: an expected failure); a control kernel that spills and
+multiplies no matrix shows both checks failing where they should. The whole matrix
+(`--matrix full`) is `benchmarks/device_compile.py --all`'s.
 
 Needs the `device-compile` extra; `.ci/run` runs it on its own (`pytest -m
 device_compile`), beside the main suite. Skipped where the extra is not installed.
@@ -66,24 +68,36 @@ def test_every_case_compiles(results, chip):
     assert not failed, "\n".join(failed)
 
 
-@pytest.mark.parametrize("chip", device_compile.GPUS)
-def test_gpu_kernels_use_tensor_cores_and_spill_nothing(results, chip):
-    kernels = [
+def _kernels(results, chip):
+    return [
         (r["program"], r["form"], r["dtype"], r["head"], k)
         for r in results
-        if r["chip"] == chip and r["ok"]
+        if r["chip"] == chip and r["ok"] and r["program"] != device_compile.CONTROL
         for k in r["kernels"]
     ]
+
+
+@pytest.mark.parametrize("chip", device_compile.GPUS)
+def test_gpu_kernels_use_tensor_cores(results, chip):
+    kernels = _kernels(results, chip)
     assert kernels, "no energy-attention kernel found"
     bare = [k for k in kernels if not k[-1].get("matrix_instructions")]
     assert not bare, f"kernels without tensor-core instructions: {bare[:5]}"
-    if chip in device_compile.NO_SPILLS:
-        spilled = [k for k in kernels if k[-1].get("spill_bytes")]
-        assert not spilled, f"kernels that spill registers: {spilled[:5]}"
     # A program's kernels stay within the chip's shared memory (the compile would fail
     # otherwise) and the float32 passes run on tensor cores too.
     float32 = [k for k in kernels if k[2] == "float32"]
     assert float32 and all("tf32" in " ".join(k[-1]["matrix_instructions"]) for k in float32)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 62, open: at 255 registers some kernels spill on the H100 (up to 1.2 KB "
+    "a kernel: the energy-based transformer's bfloat16 HVP) and the B200 (up to 80 B)",
+)
+@pytest.mark.parametrize("chip", device_compile.NO_SPILLS)
+def test_gpu_kernels_spill_nothing(results, chip):
+    spilled = [k for k in _kernels(results, chip) if k[-1].get("spill_bytes")]
+    assert not spilled, f"kernels that spill registers: {spilled[:5]}"
 
 
 @pytest.mark.parametrize("chip", device_compile.CHIPS)
@@ -100,3 +114,12 @@ def test_device_memory_is_linear_in_the_sequence(results, chip):
     for form in device_compile.FORMS:
         small, large = by[(form, 65536)], by[(form, 131072)]
         assert large <= 2.2 * small + 1, f"{form}: {small} -> {large} bytes"
+
+
+@pytest.mark.parametrize("chip", device_compile.GPUS)
+def test_the_checks_see_spills_and_bare_kernels(results, chip):
+    # The control: a kernel with a (128, 128) float32 accumulator on 32 threads spills, and
+    # does no matrix product; the report says so (`ptxas -v`).
+    (row,) = [r for r in results if r["chip"] == chip and r["program"] == device_compile.CONTROL]
+    (kernel,) = row["kernels"]
+    assert kernel.get("spill_bytes", 0) > 0 and not kernel.get("matrix_instructions")

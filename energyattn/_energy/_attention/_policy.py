@@ -413,14 +413,13 @@ def gpu_budget(generation: str | None, itemsize: int) -> Budget:
 
 
 def narrow_tiles(tiles: KernelTiles, kind: str) -> KernelTiles:
-    """`tiles` with half the rows and half the keys (at least 16 each) on 4 warps: for a
+    """`tiles` with half the rows and half the keys (at least 16 each): for a
     kernel whose products would not fit otherwise (float32 terms of two unexpandable pairs:
     on an A100 the full tiles ask for 196 KiB of shared memory, 163 KiB fit)."""
     return dataclasses.replace(
         tiles,
         bq=max(16, tiles.bq // 2),
         bk=max(16, tiles.bk // 2),
-        num_warps=4 if tiles.num_warps else None,
     )
 
 
