@@ -224,7 +224,7 @@ def _matrix_instruction(text: str) -> str:
     return f"{family} {shape.group(0) if shape else '?'} {operand}"
 
 
-def _gpu_kernels(dump: str) -> list[Kernel]:
+def _gpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
     launches: dict[str, tuple[int, int]] = {}
     for path in glob.glob(os.path.join(dump, "*thunk_sequence.txt")):
         for line in open(path):
@@ -242,7 +242,8 @@ def _gpu_kernels(dump: str) -> list[Kernel]:
     kernels = []
     for path in sorted(glob.glob(os.path.join(dump, "*.ptx"))):
         text = open(path).read()
-        if ".entry" not in text:
+        entries = re.findall(r"\.visible \.entry (\w+)", text)
+        if not entries or (names is not None and not any(e.startswith(names) for e in entries)):
             continue
         stats: dict[str, tuple[int | None, int | None]] = {}
         target = re.search(r"\.target\s+(\S+)", text)
@@ -263,6 +264,8 @@ def _gpu_kernels(dump: str) -> list[Kernel]:
                     )
         for entry in re.split(r"\.visible \.entry ", text)[1:]:
             name = entry.split("(", 1)[0].strip()
+            if names is not None and not name.startswith(names):
+                continue
             instructions = re.findall(r"((?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*)", entry)
             tmem = [int(n) for n in re.findall(r"tcgen05\.alloc\S*\s+\[[^]]*\],\s*(\d+)", entry)]
             threads, shared = launches.get(name, (None, None))
@@ -283,7 +286,7 @@ def _gpu_kernels(dump: str) -> list[Kernel]:
     return kernels
 
 
-def _tpu_kernels(dump: str) -> list[Kernel]:
+def _tpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
     kernels = []
     for path in glob.glob(os.path.join(dump, "*after_codegen.txt")):
         for line in open(path):
@@ -292,14 +295,23 @@ def _tpu_kernels(dump: str) -> list[Kernel]:
                 continue
             used = re.findall(r'"memory_space":"1","offset":"\d+","size":"(\d+)"', line)
             name = found.group(1).rsplit(".", 1)[0]
+            if names is not None and not name.startswith(names):
+                continue
             kernels.append(Kernel(name, vmem=sum(int(u) for u in used) if used else None))
     return kernels
 
 
-def kernels(chip: str, fn: Callable[..., Any], *args: Any, **jit_kwargs: Any):
+def kernels(
+    chip: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    names: str | tuple[str, ...] | None = None,
+    **jit_kwargs: Any,
+):
     """`(compiled, kernels)`: `fn` compiled for `chip` as `compile_for` does, and the
-    device kernels the chip's compiler built for it (`Kernel`s, XLA's own fusions among
-    them).
+    device kernels the chip's compiler built for it (`Kernel`s): those whose names start
+    with `names` (a Pallas kernel's name is its `pallas_call`'s), or all of them, XLA's own
+    fusions among them (`names=None`).
 
     On NVIDIA chips each kernel's registers and spills are `ptxas -v`'s, run on the PTX
     XLA compiled (the `ptxas` of `nvidia-cuda-nvcc-cu12`, or on the `PATH`; about a second
@@ -310,5 +322,6 @@ def kernels(chip: str, fn: Callable[..., Any], *args: Any, **jit_kwargs: Any):
         if gpu:  # the PTX of every module (JAX 0.10 dumps it anyway, 0.12 when asked)
             options["xla_dump_emitter_re"] = "ptx"
         compiled = _compile(chip, fn, args, jit_kwargs, options=options)
-        found = _gpu_kernels(dump) if gpu else _tpu_kernels(dump)
+        prefixes = (names,) if isinstance(names, str) else names
+        found = _gpu_kernels(dump, prefixes) if gpu else _tpu_kernels(dump, prefixes)
     return compiled, found

@@ -387,8 +387,10 @@ def kernel_tiles(
         warps,
         sizes.num_stages,
         sizes.float32_products or "split",
-        # Products contract at most this many columns of their operands at once.
-        None if platform == "tpu" else 64,
+        # Products contract at most this many columns of their operands at once: 32 for
+        # float32 (two TF32 parts each), whose 64-column chunks spilled registers on the
+        # H100 and the B200 (`ptxas -v`: up to 1.2 KB a kernel).
+        None if platform == "tpu" else _contraction(itemsize),
     )
     asked = (blocks.block_q, blocks.block_k_terms if kind == "columns" else blocks.block_k)
     if any(size is not None for size in asked):
@@ -401,12 +403,16 @@ def kernel_tiles(
     return tiles, gpu_budget(generation, itemsize)
 
 
+def _contraction(itemsize: int) -> int:
+    """Columns a GPU product contracts at once (operands of `itemsize` bytes)."""
+    return 32 if itemsize >= 4 else 64
+
+
 def gpu_budget(generation: str | None, itemsize: int) -> Budget:
     """What one GPU kernel may accumulate: 128 columns of sums and 2 bilinear pairs, but
     for float32 (operands in two TF32 parts, products in three) off sm_100, whose sums sit
-    in tensor memory rather than registers: 64 columns and 1 pair. Measured: these compile
-    every pass of every derivative without a spilled register on the H100 and the B200, at
-    head sizes up to 256 (`benchmarks/device_compile.py`)."""
+    in tensor memory rather than registers: 64 columns and 1 pair. Measured with `ptxas -v`
+    (`benchmarks/device_compile.py`, the accelerators guide's matrix)."""
     if itemsize < 4 or generation == "sm_100":
         return Budget(columns=128, pairs=2)
     return Budget(columns=64, pairs=1, narrow=True)
@@ -438,13 +444,14 @@ _VMEM = {"v4": 16 << 20, "v5e": 16 << 20, "v5p": 16 << 20, "v6e": 32 << 20}
 
 def _on_chip_bytes(platform: str, bq: int, bk: int, dim: int, itemsize: int, stages) -> int:
     """About the on-chip memory one kernel's blocks take: on a GPU its operands' blocks (one
-    contraction chunk of 64 columns, float32 as two TF32 parts) per pipeline stage and two
+    contraction chunk, float32 as two TF32 parts) per pipeline stage and two
     `(bq, bk)` float32 blocks; on a TPU its double-buffered operand blocks (float32 as three
     bfloat16 parts), its running sums and eight `(bq, bk)` float32 temporaries. An
     estimate, for the error below: the compilers decide."""
     element = itemsize * 2 if itemsize >= 4 else itemsize
     if platform == "gpu":
-        return max(1, stages or 1) * (bq + bk) * min(dim, 64) * element + 2 * bq * bk * 4
+        chunk = min(dim, _contraction(itemsize))
+        return max(1, stages or 1) * (bq + bk) * chunk * element + 2 * bq * bk * 4
     element = 6 if itemsize >= 4 else itemsize
     return 2 * (bq + bk) * dim * element + 3 * bq * dim * 4 + 8 * bq * bk * 4
 
