@@ -11,13 +11,16 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   temporary device memory at 128k is at most 2.2x that at 64k (O(seq));
 - a rotation through programs x forms (every program, every mask kind, vmapped heads,
   the three layers and models, meets every form on each platform), the dtypes (float16
-  on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256) cycling.
+  on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256; the models
+  64 and 80) cycling.
 
 And for every kernel of the energy attention: a tensor-core instruction (`wgmma`,
 `tcgen05.mma`, `mma.sync`) in each GPU kernel, and no spilled register on the H100 and the
-B200 (`ptxas -v`; not met yet: an expected failure); a control kernel that spills and
-multiplies no matrix shows both checks failing where they should. The whole matrix
-(`--matrix full`) is `benchmarks/device_compile.py --all`'s.
+B200 (`ptxas -v`); a control kernel that spills and multiplies no matrix shows both
+checks failing where they should. Device memory: no form holds a score matrix at 128k
+keys, and the memory at 128k is at most 2.2x that at 64k, except on TPU v4, v5e and v6e,
+where XLA keeps more O(seq) buffers live at 128k (2.3-5.9x: an expected failure, open).
+The whole matrix (`--matrix full`) is `benchmarks/device_compile.py --all`'s.
 
 Needs the `device-compile` extra; `.ci/run` runs it on its own (`pytest -m
 device_compile`), beside the main suite. Skipped where the extra is not installed.
@@ -89,18 +92,29 @@ def test_gpu_kernels_use_tensor_cores(results, chip):
     assert float32 and all("tf32" in " ".join(k[-1]["matrix_instructions"]) for k in float32)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 62, open: at 255 registers some kernels spill on the H100 (up to 1.2 KB "
-    "a kernel: the energy-based transformer's bfloat16 HVP) and the B200 (up to 80 B)",
-)
 @pytest.mark.parametrize("chip", device_compile.NO_SPILLS)
 def test_gpu_kernels_spill_nothing(results, chip):
     spilled = [k for k in _kernels(results, chip) if k[-1].get("spill_bytes")]
     assert not spilled, f"kernels that spill registers: {spilled[:5]}"
 
 
-@pytest.mark.parametrize("chip", device_compile.CHIPS)
+#: Where XLA's TPU buffer assignment keeps more O(seq) buffers live at 128k keys than at
+#: 64k (v5e, value and gradient: one float32 (seq, 128) buffer at 64k, two float32 and two
+#: bfloat16 ones at 128k: 32 to 192 MiB, 5.9x); every buffer is O(seq), none (seq, seq).
+TPU_SCHEDULING = pytest.mark.xfail(
+    strict=True,
+    reason="issue 62, open: temporary memory 2.3-5.9x from 64k to 128k keys on this TPU "
+    "(more O(seq) buffers live at once), over the 2.2x the issue asks",
+)
+
+
+@pytest.mark.parametrize(
+    "chip",
+    [
+        pytest.param(c, marks=TPU_SCHEDULING) if c in ("v4", "v5e", "v6e") else c
+        for c in device_compile.CHIPS
+    ],
+)
 def test_device_memory_is_linear_in_the_sequence(results, chip):
     # Temporary device memory (XLA's buffer assignment of the compiled program) at 128k
     # keys against 64k: at most 2.2x, in every form.
@@ -114,6 +128,16 @@ def test_device_memory_is_linear_in_the_sequence(results, chip):
     for form in device_compile.FORMS:
         small, large = by[(form, 65536)], by[(form, 131072)]
         assert large <= 2.2 * small + 1, f"{form}: {small} -> {large} bytes"
+
+
+@pytest.mark.parametrize("chip", device_compile.CHIPS)
+def test_device_memory_holds_no_score_matrix(results, chip):
+    # Whatever XLA keeps live, no form holds anything like a (seq, seq) matrix per head at
+    # 128k keys (32 GiB in bfloat16): its temporary memory stays under 1/16 of those.
+    for r in results:
+        if r["chip"] == chip and r["ok"] and r["seq"] == 131072:
+            scores = 131072**2 * 2 * (8 if r["program"] == "heads" else 1)
+            assert r["temp_bytes"] < scores / 16, (r["program"], r["form"], r["temp_bytes"])
 
 
 @pytest.mark.parametrize("chip", device_compile.GPUS)
