@@ -138,8 +138,8 @@ class BlockSizes:
 
     Why these defaults: on a CPU a `(seq, 256)` float32 block of scores stays in a core's
     cache up to 4096 queries, and the derivatives' passes, which do more work per block,
-    want half as many keys (`benchmarks/README.md`); on GPUs the sizes are the largest
-    that compile without spilling a register on an H100 and a B200 for every pass of every
+    want half as many keys (`benchmarks/README.md`); on GPUs the sizes compile without
+    spilling a register (`ptxas -v`) on an H100 and a B200 for every pass of every
     derivative, at head sizes up to 256, with `wgmma` tiles of 64 rows on the H100
     (`benchmarks/README.md`, the kernel report); a TPU's blocks are pipelined through
     VMEM, so the scores of a `(128, 512)` block and their temporaries are what it holds
