@@ -583,7 +583,7 @@ def _kernel_spec(
     outputs += [Output(pieces.index(u.piece), u.start, u.width) for u in units]
     tiles = base.tiles
     if budget.narrow and len(frozenset().union(*map(_pairs, pieces))) > budget.pairs:
-        tiles = narrow_tiles(tiles, kind)
+        tiles = narrow_tiles(tiles)
     return base._replace(kind=kind, terms=pieces, outputs=tuple(outputs), tiles=tiles)
 
 

@@ -418,7 +418,7 @@ def gpu_budget(generation: str | None, itemsize: int) -> Budget:
     return Budget(columns=64, pairs=1, narrow=True)
 
 
-def narrow_tiles(tiles: KernelTiles, kind: str) -> KernelTiles:
+def narrow_tiles(tiles: KernelTiles) -> KernelTiles:
     """`tiles` with half the rows and half the keys (at least 16 each): for a
     kernel whose products would not fit otherwise (float32 terms of two unexpandable pairs:
     on an A100 the full tiles ask for 196 KiB of shared memory, 163 KiB fit)."""
