@@ -224,9 +224,11 @@ def compile_case(chip: str, case: tuple) -> dict:
     try:
         x = jax.ShapeDtypeStruct((seq, width(name, head)), jnp.dtype(dtype))
         fn = form(how, program(name, seq, head))
-        compiled, kernels = ea.aot.kernels(chip, fn, x, names=("energy_attention", CONTROL))
+        compiled, kernels, spaces = ea.aot.kernels(chip, fn, x, names=("energy_attention", CONTROL))
         row["ok"] = True
         row["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+        # All of it, on TPUs the buffers XLA moved into VMEM too (`ea.aot.Inspection`).
+        row["temp_bytes_all_spaces"] = sum(spaces.values())
         row["kernels"] = [
             {k: v for k, v in vars(kernel).items() if v not in (None, ())} for kernel in kernels
         ]

@@ -85,7 +85,7 @@ def report_chip(chip: str, dtypes: list[str], heads: list[int]) -> list[dict]:
             for name, (fn, args) in programs(chip, dtype, head).items():
                 row = dict(chip=chip, dtype=dtype, head=head, program=name)
                 try:
-                    _, kernels = ea.aot.kernels(chip, fn, args)
+                    kernels = ea.aot.kernels(chip, fn, args).kernels
                 except Exception as error:
                     rows.append(dict(row, error=" ".join(str(error).split())[:300]))
                     continue

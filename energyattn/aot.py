@@ -51,12 +51,15 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax.experimental import topologies
 
-__all__ = ["CHIPS", "Chip", "Kernel", "compile_for", "device", "kernels"]
+from ._namespace import public_dir
+
+__all__ = ["CHIPS", "Chip", "Inspection", "Kernel", "compile_for", "device", "kernels"]
+__dir__ = public_dir(__all__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +304,36 @@ def _tpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
     return kernels
 
 
+def _temp_bytes(dump: str) -> dict[int, int]:
+    """The program's temporary allocations by memory space (XLA's buffer assignment of the
+    entry module: the one with most parameters' and temporaries' allocations)."""
+    best: dict[int, int] = {}
+    for path in glob.glob(os.path.join(dump, "*after_optimizations-buffer-assignment.txt")):
+        spaces: dict[int, int] = {}
+        for line in open(path):
+            found = re.match(
+                r"allocation \d+: size (\d+),(?: color (\d+),)? preallocated-temp", line
+            )
+            if found:
+                space = int(found.group(2) or 0)
+                spaces[space] = spaces.get(space, 0) + int(found.group(1))
+        if sum(spaces.values()) > sum(best.values()):
+            best = spaces
+    return best
+
+
+class Inspection(NamedTuple):
+    """What `kernels` found: the `compiled` program, its `kernels` and `temp_bytes`, its
+    temporary allocations by memory space (`0`: the device's HBM, what
+    `compiled.memory_analysis().temp_size_in_bytes` counts; on TPUs `1`: the VMEM into
+    which XLA's memory-space assignment moves the buffers that fit, 128 MiB on v5e and v6e
+    and `2`: semaphores)."""
+
+    compiled: Any
+    kernels: list[Kernel]
+    temp_bytes: dict[int, int]
+
+
 def kernels(
     chip: str,
     fn: Callable[..., Any],
@@ -308,10 +341,16 @@ def kernels(
     names: str | tuple[str, ...] | None = None,
     **jit_kwargs: Any,
 ):
-    """`(compiled, kernels)`: `fn` compiled for `chip` as `compile_for` does, and the
-    device kernels the chip's compiler built for it (`Kernel`s): those whose names start
-    with `names` (a Pallas kernel's name is its `pallas_call`'s), or all of them, XLA's own
-    fusions among them (`names=None`).
+    """`(compiled, kernels, temp_bytes)` (an `Inspection`): `fn` compiled for `chip` as
+    `compile_for` does, the device kernels the chip's compiler built for it (`Kernel`s):
+    those whose names start with `names` (a Pallas kernel's name is its `pallas_call`'s),
+    or all of them, XLA's own fusions among them (`names=None`), and the program's
+    temporary memory in each memory space.
+
+    On TPUs `memory_analysis().temp_size_in_bytes` counts HBM only: the buffers XLA moves
+    into VMEM (space 1) are not in it, so that a program whose buffers fit there at one
+    length and not at the next seems to grow faster than it does; the sum over the spaces
+    is what the program holds.
 
     On NVIDIA chips each kernel's registers and spills are `ptxas -v`'s, run on the PTX
     XLA compiled (the `ptxas` of `nvidia-cuda-nvcc-cu12`, or on the `PATH`; about a second
@@ -324,4 +363,5 @@ def kernels(
         compiled = _compile(chip, fn, args, jit_kwargs, options=options)
         prefixes = (names,) if isinstance(names, str) else names
         found = _gpu_kernels(dump, prefixes) if gpu else _tpu_kernels(dump, prefixes)
-    return compiled, found
+        temp = _temp_bytes(dump)
+    return Inspection(compiled, found, temp)

@@ -84,6 +84,15 @@ class Parts(NamedTuple):
         return jnp.dtype(jnp.float32)
 
 
+class Scaled(NamedTuple):
+    r"""$\beta q$ for half-precision queries: the queries `block` as they are (exact in every
+    part format) and the product scaled by `scale` after it, so that no float32 copy of
+    the queries (nor its parts) is formed for a pass."""
+
+    block: Any
+    scale: Any
+
+
 class Block:
     """A block of an input, read in column ranges when it is used (`cols`): a product
     that contracts its columns reads them a chunk at a time, so that on-chip memory holds a
@@ -195,6 +204,10 @@ class Products:
 
     def nt(self, a, b):
         """`a @ b.T`. `Block`s are read `chunk` columns at a time (their contraction)."""
+        if isinstance(a, Scaled):
+            return self.nt(a.block, b) * a.scale
+        if isinstance(b, Scaled):
+            return self.nt(a, b.block) * b.scale
         if not isinstance(a, Block):
             return self(a, b, ((1,), (1,)))
         chunk = a.width if self.chunk is None else min(self.chunk, a.width)
@@ -211,6 +224,8 @@ class Products:
 
     def nn(self, a, b):
         """`a @ b`."""
+        if isinstance(b, Scaled):
+            return self.nn(a, b.block) * b.scale
         return self(a, b, ((1,), (0,)))
 
     def pieces(self, dtype) -> int:
@@ -294,7 +309,7 @@ def step(spec: Pass, carry, blocks, queries, keys):
     scale = beta if "q" in blocks else 1.0  # half-precision queries: beta on the scores
     scores = scale * (products.nt(q, k) if forward else products.nt(k, q))
     allowed = _allowed(spec, blocks, queries, keys)
-    arrays = {**blocks["arrays"], KEYS: k, SCALED_QUERIES: blocks.get("sq")}
+    arrays = {**blocks["arrays"], KEYS: k, SCALED_QUERIES: _scaled_queries(blocks)}
     values = blocks["values"]
 
     def pair(a, b):
@@ -418,7 +433,7 @@ def operands(spec: Pass, q, k, beta, lse, mask, arrays, dim_p, widths, platform)
     per_query, per_key = array_roles(spec.terms)
     if q.dtype != acc:
         add("q", _pad_rows(q, tiles.seq_p, dim_p), "q")
-    if q.dtype == acc or SCALED_QUERIES in per_query | per_key:
+    if q.dtype == acc:  # (half-precision queries stand for beta q themselves: `Scaled`)
         add("sq", _pad_rows(beta * q.astype(acc), tiles.seq_p, dim_p), "q")
     add("k", _pad_rows(k, tiles.mem_p, dim_p), "k")
     ops.append(Operand("beta", beta.reshape(1, 1), "one"))
@@ -478,14 +493,22 @@ def gather(spec: Pass, ops, reads) -> dict:
         first = next(op for op in ops if op.name == name)
         block = Block(rs, first.array.shape[1], first.part is not None)
         (blocks["arrays"] if isinstance(name, int) else blocks)[name] = block
-    names = {KEYS: "k", SCALED_QUERIES: "sq"}
     blocks["values"] = []
     for output in spec.outputs:
         index = spec.value(output)
-        name = names.get(index, index)
-        block = blocks["arrays"][name] if isinstance(name, int) else blocks[name]
-        blocks["values"].append(block.cols(output.start, output.width))
+        if index == SCALED_QUERIES and "sq" not in blocks:
+            values = Scaled(blocks["q"].cols(output.start, output.width), blocks["beta"])
+        else:
+            named = {KEYS: "k", SCALED_QUERIES: "sq"}
+            held = blocks[named[index]] if index in named else blocks["arrays"][index]
+            values = held.cols(output.start, output.width)
+        blocks["values"].append(values)
     return blocks
+
+
+def _scaled_queries(blocks):
+    """$\\beta q$ of a step: the float32 block, or the half-precision queries `Scaled`."""
+    return blocks["sq"] if "sq" in blocks else Scaled(blocks["q"], blocks["beta"])
 
 
 # --------------------------------------------------------------------------- cost estimate

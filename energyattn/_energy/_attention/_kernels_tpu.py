@@ -4,7 +4,13 @@ pipeline brings each block into VMEM while the last one computes and the running
 stay in VMEM scratch: VMEM holds O(block), whatever the lengths. Under the causal triangle
 the blocks above the diagonal are skipped, and their index maps repeat the last block
 needed, so that nothing is fetched for them. The block arithmetic and the operands are
-`_kernels`'s."""
+`_kernels`'s.
+
+Per-row vectors (the log-sum-exp, segment ids) travel lane-dense, as `(1, n)` rows: a TPU
+lays a `(n, 1)` float32 array out in `(8, 128)` tiles, 128 times its size in HBM (32 MiB
+for the log-sum-exp of 64k queries). The kernels turn the row blocks into the columns
+their arithmetic takes, and the forward's log-sum-exp column back into a row (through a
+`(rows, 128)` transpose: v4 gathers no sublanes)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +18,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ._kernels import axis, causal_range, finish, gather, indices, init, step
+
+
+def _is_column(op) -> bool:
+    """A per-row vector, `(n, 1)` (carried as a `(1, n)` row)."""
+    return op.side in ("q", "k") and op.array.shape[1] == 1
+
+
+def _as_row(column):
+    """A `(rows, 1)` column as a `(1, rows)` row, in the kernel."""
+    wide = column.astype(jnp.promote_types(column.dtype, jnp.float32))
+    wide = jnp.broadcast_to(wide, (column.shape[0], 128))
+    return wide.T[:1]
 
 
 def run(spec, ops, out_shapes, cost, *, interpret, name):
@@ -47,14 +65,19 @@ def run(spec, ops, out_shapes, cost, *, interpret, name):
             spec_ = pl.BlockSpec((1, 1), lambda i, j: (0, 0))
         else:
             rows, block = (tiles.bq, query_block) if axis(side) == "q" else (tiles.bk, key_block)
-            if side in ("qrow", "krow"):
+            if side in ("qrow", "krow") or _is_column(op):
                 spec_ = pl.BlockSpec((1, rows), lambda i, j, b=block: (0, b(i, j)))
             else:
                 spec_ = pl.BlockSpec((rows, op.array.shape[1]), lambda i, j, b=block: (b(i, j), 0))
         in_specs.append(spec_)
     outer_rows = tiles.bq if by_queries else tiles.bk
-    out_specs = [pl.BlockSpec((outer_rows, s.shape[1]), lambda i, j: (i, 0)) for s in out_shapes]
-    acc = out_shapes[0].dtype
+    out_specs = [
+        pl.BlockSpec((1, outer_rows), lambda i, j: (0, i))
+        if s.shape[1] == 1
+        else pl.BlockSpec((outer_rows, s.shape[1]), lambda i, j: (i, 0))
+        for s in out_shapes
+    ]
+    acc = out_shapes[-1].dtype
     carry_shapes = [x.shape for x in jax.eval_shape(lambda: init(spec, acc))]
 
     def kernel(*refs):
@@ -77,7 +100,9 @@ def run(spec, ops, out_shapes, cost, *, interpret, name):
                     # transposed.
                     block = ref[...].astype(jnp.int32)
                     reads.append((block if by_queries else block.T) != 0)
-                elif op.side in ("one", "qrow", "krow") or op.array.shape[1] == 1:
+                elif _is_column(op):
+                    reads.append(jnp.expand_dims(ref[0], -1))
+                elif op.side in ("one", "qrow", "krow"):
                     reads.append(ref[...])
                 else:
                     reads.append(lambda c, w, ref=ref: ref[:, pl.ds(c, w)])
@@ -97,9 +122,10 @@ def run(spec, ops, out_shapes, cost, *, interpret, name):
         def _():
             outs = finish(spec, tuple(ref[...] for ref in scratch))
             for ref, value in zip(out_refs, outs, strict=True):
-                ref[...] = value.astype(ref.dtype)
+                row = ref.shape[0] == 1 and value.shape[1] == 1
+                ref[...] = (_as_row(value) if row else value).astype(ref.dtype)
 
-    return pl.pallas_call(
+    outs = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=0,
@@ -108,12 +134,16 @@ def run(spec, ops, out_shapes, cost, *, interpret, name):
             out_specs=out_specs,
             scratch_shapes=[pltpu.VMEM(shape, acc) for shape in carry_shapes],
         ),
-        out_shape=out_shapes,
+        out_shape=[
+            jax.ShapeDtypeStruct((1, s.shape[0]), s.dtype) if s.shape[1] == 1 else s
+            for s in out_shapes
+        ],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         cost_estimate=cost,
         interpret=interpret,
         name=name,
-    )(*(op.array for op in ops))
+    )(*(op.array.reshape(1, -1) if _is_column(op) else op.array for op in ops))
+    return [o.reshape(s.shape) for o, s in zip(outs, out_shapes, strict=True)]
 
 
 __all__ = ["run"]
