@@ -5,9 +5,13 @@ problem it was given, per example under `vmap`, on problems with and without a s
   \\operatorname{rms}(F(y_0))$ (after a small Newton step), else `RESULTS.no_root` where
   $|F|^2$ stops falling;
 - a fixed point: $\\operatorname{rms}(f(y) - y) \\le \\text{atol} + \\text{rtol}\\,
-  \\operatorname{rms}(f(y))$ for Picard and Anderson, the root test for Newton;
+  \\operatorname{rms}(f(y))$ for Picard and Anderson (which stop on that residual times
+  the estimated $\\lVert(I - \\partial f)^{-1}\\rVert$, so on a slow contraction the error
+  is within the tolerance too), the root test for Newton;
 - a minimum: a small gradient, the energy below the start, positive curvature; an energy
-  unbounded below gives `RESULTS.unbounded`.
+  unbounded below gives `RESULTS.unbounded`;
+- exact solutions are successes (a minimum at a kink, a root where the Jacobian is
+  infinite), and a derivative at a singular Jacobian is not a number (or raises).
 """
 
 import inspect
@@ -399,3 +403,91 @@ def test_a_type_checker_sees_a_descents_energies_as_an_array():
     # At run time a solver that records no energies still returns None.
     sol = ea.fixed_point(lambda y, _: 0.5 * y, jnp.ones(2))
     assert sol.energies is None
+
+
+# --------------------------------------------------------------------------------------------
+# Success means a solution, a derivative that does not exist is not a number, and exact
+# solutions are successes (the audit of issue 63).
+
+
+def _slow_map(y, _):  # contracts at rate 0.999: the residual is a thousandth of the error
+    return y - 1e-3 * (y - 1)
+
+
+def _double_root(y, a):  # the root sqrt(a): F' = 0 at a = 0, dy*/da = 1 / (2 sqrt(a))
+    return y**2 - a
+
+
+def _kinks(x, c):
+    # c = 0: sum |x|, the minimum at 0, where JAX's derivative of |x| is 1, not 0.
+    # c = 1: a kink at 0 that is not the minimum ((0.5, 0) is).
+    return jnp.sum(jnp.abs(x)) + c * (x[0] ** 2 - 2 * x[0])
+
+
+def _signed_sqrt(y, _):  # the exact root 0, where the Jacobian is infinite
+    return jnp.sign(y) * jnp.sqrt(jnp.abs(y))
+
+
+@eqx.filter_jit  # one program for the solves
+def _edge_solves():
+    y0 = jnp.zeros(2, F32)
+    fixed = [ea.fixed_point(_slow_map, y0, solver=s, throw=False) for s in FIXED[:2]]
+    # Both kinks in one L-BFGS program (each minimisation compiles for seconds).
+    kinks = jax.vmap(lambda c: ea.minimise(_kinks, y0, c, throw=False))(jnp.array([0, 1], F32))
+    roots = [ea.root_find(_signed_sqrt, jnp.ones(2, F32), solver=s, throw=False) for s in ROOTS]
+    return fixed, kinks, roots
+
+
+def test_success_only_at_solutions_and_exact_solutions_succeed(user_mode):
+    fixed, kinks, roots = _edge_solves()
+    # A slow contraction: success only where the error (not the residual) is within the
+    # tolerance, else `max_steps_reached` (Anderson once stopped at an error of 2.3e-3).
+    tol = 2 * float(np.finfo(np.float32).eps) ** 0.6
+    for solver, sol in zip(FIXED, fixed, strict=False):
+        ok = sol.result == ea.RESULTS.successful
+        assert ok or sol.result == ea.RESULTS.max_steps_reached, repr(solver)
+        if ok:
+            assert np.max(np.abs(np.asarray(sol.value) - 1)) <= tol, repr(solver)
+    assert fixed[1].result == ea.RESULTS.successful  # Anderson extrapolates to it
+    # A minimum at a kink (no descent, yet a nonzero subgradient) is a minimum; a kink with
+    # a descent direction is not.
+    ok = np.asarray(kinks.result == ea.RESULTS.successful)
+    assert ok[0]
+    np.testing.assert_array_equal(kinks.value[0], 0)
+    assert not (ok[1] and np.all(np.asarray(kinks.value[1]) == 0)), kinks.value[1]
+    # A root reached exactly where the Jacobian is infinite.
+    for solver, sol in zip(ROOTS, roots, strict=True):
+        assert sol.result == ea.RESULTS.successful, repr(solver)
+        np.testing.assert_allclose(sol.value, 0, atol=1e-10, err_msg=repr(solver))
+
+
+def _root_of(a, solver=None, adjoint=None, throw=False):
+    y0 = jnp.asarray(1.0, F32)
+    return ea.root_find(_double_root, y0, a, solver=solver, adjoint=adjoint, throw=throw).value
+
+
+@eqx.filter_jit  # one program for the derivatives
+def _singular_derivatives():
+    zero, one = jnp.asarray(0.0, F32), jnp.asarray(1.0, F32)
+    lu = ea.ImplicitAdjoint(ea.LU())
+    singular = {
+        # Newton's LU factor; at a = 1e-12 too (the root 1e-6 is far below the tolerance).
+        "Newton, its LU factor": jax.vmap(jax.grad(_root_of))(jnp.array([0.0, 1e-12], F32)),
+        "Newton-Krylov, GMRES": jax.grad(lambda a: _root_of(a, ROOTS[1]))(zero),
+        "ea.LU at the root": jax.grad(lambda a: _root_of(a, adjoint=lu))(zero),
+        "forward mode": jax.jvp(_root_of, (zero,), (jnp.ones_like(zero),))[1],
+    }
+    return singular, jax.grad(_root_of)(one)
+
+
+def test_derivatives_at_a_singular_jacobian_are_not_numbers(user_mode):
+    # d sqrt(a)/da at a = 0 does not exist (+inf), and at a = 1e-12 the solve's tolerance,
+    # not the problem, would set it: it once came out 4096.0 (Newton stops near y = 6e-5,
+    # and the implicit derivative divided by the Jacobian 1.2e-4 there).
+    singular, control = _singular_derivatives()
+    for name, g in singular.items():
+        assert not np.any(np.isfinite(g)), (name, g)
+    np.testing.assert_allclose(control, 0.5, rtol=1e-4)
+    with pytest.raises(eqx.EquinoxRuntimeError, match="does not exist"):
+        grad = eqx.filter_jit(jax.grad(lambda a: _root_of(a, throw=True)))
+        jax.block_until_ready(grad(jnp.asarray(0.0, F32)))

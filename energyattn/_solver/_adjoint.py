@@ -117,6 +117,7 @@ class ImplicitAdjoint(AbstractAdjoint):
             extras.get("factor"),
             linear_solver=self.linear_solver,
             throw=throw,
+            singular=extras.get("singular"),
         )
         return eqx.tree_at(lambda s: s.value, solution, value), extras
 
@@ -129,28 +130,45 @@ def implicit_value(
     *,
     linear_solver: AbstractLinearSolver | None = None,
     throw: bool = True,
+    singular: Any = None,
 ) -> Flat:
     """`root` (a solution computed without derivatives) as a differentiable function of the
     problem's arrays and `args`, by the implicit function theorem. `factor`: a factorisation
-    of the residual's Jacobian at `root` to reuse, or `None`."""
+    of the residual's Jacobian at `root` to reuse, or `None`. `singular`: a boolean the
+    forward solver set where the Jacobian vanishes at `root` as far as it can tell (Newton
+    at a multiple root), or `None`: there the derivative is NaN, or raises with `throw`."""
     linear_solver = AutoLinearSolver() if linear_solver is None else linear_solver
     return _implicit(
-        no_grad(root), (problem, args), no_grad(factor), linear_solver=linear_solver, throw=throw
+        no_grad(root),
+        (problem, args),
+        no_grad((factor, singular)),
+        linear_solver=linear_solver,
+        throw=throw,
     )
 
 
+_SINGULAR = (
+    "implicit differentiation failed: the Jacobian of the residual vanishes at the "
+    "solution, or nearly (it changed by more than a quarter across the solver's last step, "
+    "as at a multiple root where F' = 0), so the derivative does not exist or is not "
+    "determined by the solve. Pass throw=False to get NaN instead"
+)
+
+
 @eqx.filter_custom_jvp
-def _implicit(root, inputs, factor, *, linear_solver, throw):
-    """The identity on the (already computed) root, whose derivatives are the IFT's."""
+def _implicit(root, inputs, known, *, linear_solver, throw):
+    """The identity on the (already computed) root, whose derivatives are the IFT's.
+    `known`: `(factor, singular)` from the forward solve."""
     return root
 
 
 @_implicit.def_jvp
 def _implicit_jvp(primals, tangents, *, linear_solver, throw):
-    root, inputs, factor = primals
+    root, inputs, known = primals
     _, t_inputs, _ = tangents
+    factor, singular = known
     # Re-enter for the primal: an outer derivative of this rule differentiates y* again.
-    root = _implicit(root, inputs, factor, linear_solver=linear_solver, throw=throw)
+    root = _implicit(root, inputs, known, linear_solver=linear_solver, throw=throw)
     problem = inputs[0]
 
     def residual(y, inputs):
@@ -169,6 +187,15 @@ def _implicit_jvp(primals, tangents, *, linear_solver, throw):
         throw=throw,
         problem=type(problem),  # an error names the system and the pass
     )
+    if singular is not None:
+        # A scale that depends on primals only keeps the tangent linear (and transposable):
+        # NaN where the derivative does not exist; with `throw` a checked 1, which reverse
+        # mode keeps as a residual of the forward pass, so the check runs there too.
+        if throw:
+            scale = eqx.error_if(jnp.ones((), root.dtype), singular, _SINGULAR)
+        else:
+            scale = jnp.where(singular, jnp.nan, 1).astype(root.dtype)
+        t_root = t_root * scale
     return root, t_root
 
 

@@ -239,6 +239,15 @@ class AbstractIterativeSolver(eqx.Module):
         not, a state that walks on from it and a code naming what the point is."""
         raise NotImplementedError
 
+    def no_descent(
+        self, problem: MinimiseProblem, args: Any, state: PyTree
+    ) -> tuple[PyTree, Bool[Array, ""]]:
+        """`(state, minimum)` for a minimisation whose line search `stalled`: whether no
+        direction lowers the energy there (a minimum where the gradient is not zero, a
+        kink such as that of $|x|$ at 0), and the state that then returns the point
+        itself. By default, never."""
+        return state, jnp.zeros((), bool)
+
     def tolerances(self, dtype: Any) -> tuple[float, float]:
         """`(rtol, atol)`, with `None` replaced by the solver's default for `dtype`."""
         return default_tolerance(self.rtol, dtype), default_tolerance(self.atol, dtype)
@@ -319,6 +328,18 @@ def certified(solver, problem, args, unrolled, run, y0, state):
         stuck = (escapes > 0) & (result != RESULTS.successful) & (k1 == k)
         result = RESULTS.where(stuck, verdict, result)
         ok = (result == RESULTS.successful) & converged
+
+        # A search that found no lower point where no direction lowers the energy (a kink
+        # at the minimum, where the gradient JAX gives is a nonzero subgradient): a minimum.
+        def kink(_):
+            return solver.no_descent(no_grad(problem), no_grad(args), state)
+
+        def smooth(_):
+            return state, jnp.zeros((), bool)
+
+        stalled = result == RESULTS.stalled
+        state, kinked = jax.lax.cond(stalled, kink, smooth, None)
+        result = RESULTS.where(stalled & kinked, RESULTS.successful, result)
 
         def certify(_):
             return solver.certify(no_grad(problem), no_grad(args), state, unrolled)

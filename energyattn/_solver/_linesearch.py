@@ -118,6 +118,11 @@ def backtrack(
 #: The most Hessian-vector products of the certificate's Newton step (`certify`).
 CERTIFY_STEPS = 100
 
+#: Up to this many unknowns, a line search that stalled probes the energy along every
+#: coordinate too before it calls the point a minimum (`no_descent`); above, along two
+#: directions.
+KINK_COORDINATES = 32
+
 #: The most doublings of an accepted full step (2^64: from any start, an energy unbounded
 #: below along the direction falls 1/eps below it).
 MAX_DOUBLINGS = 64
@@ -355,6 +360,48 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         )
         return tree_where(minimum, original, escaped), minimum, verdict
 
+    def no_descent(
+        self, problem: MinimiseProblem, args: Any, state: LineSearchState
+    ) -> tuple[LineSearchState, Bool[Array, ""]]:
+        r"""Whether the point where the line search found no lower point is a minimum that
+        the gradient does not show (a kink: JAX's derivative of $|x|$ at 0 is 1, not 0),
+        by the energy itself: $E(x \pm h v) \ge E(x)$ (up to round-off) for $h$ the
+        tolerance $\text{atol} + \text{rtol}\operatorname{rms}(x)$ and unit-rms
+        directions $v$: the failed step's, the fixed pseudo-random probe's, and up to
+        `KINK_COORDINATES` unknowns each coordinate's. Along each such line the minimum is
+        then within $h$ of $x$ (for an energy convex along it), or the energy changes by no
+        more than round-off there. Where it holds, the state's step is zero (the point
+        itself is the answer)."""
+        original, state = state, no_grad(state)  # decided without derivatives
+        point = state.point
+        y, dtype, n = point.y, point.y.dtype, point.y.shape[0]
+        eps = float(jnp.finfo(dtype).eps)
+        rtol, atol = self.tolerances(dtype)
+        h = atol + rtol * rms(y)
+        d = state.direction
+        d_size = rms(d)
+        usable = jnp.isfinite(d_size) & (d_size > 0)
+        u = probe_vector(n, dtype)
+        along = jnp.where(usable, d / jnp.where(usable, d_size, 1), u)
+        directions = [along, u]
+        if n <= KINK_COORDINATES:
+            directions += list(n**0.5 * jnp.eye(n, dtype=dtype))
+        v = jnp.stack(directions)
+        value_fn = self.merit(problem, args)
+        probes = jnp.concatenate([y + h * v, y - h * v])
+        values, scales = jax.lax.map(lambda z: value_fn(z)[:2], probes)
+        all_scales = jnp.concatenate([scales, point.scale[None]])
+        slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(all_scales), all_scales, 0))
+        minimum = (
+            jnp.isfinite(point.f)
+            & jnp.all(jnp.isfinite(y))
+            & jnp.all(~jnp.isnan(values) & (values >= point.f - slack))
+        )
+        stopped = original._replace(
+            direction=jnp.zeros_like(original.direction), size=jnp.zeros_like(original.size)
+        )
+        return tree_where(minimum, stopped, original), minimum
+
     def merit(self, problem: AbstractProblem, args: Any) -> Callable[[Flat], tuple]:
         if isinstance(problem, MinimiseProblem):
             return lambda y: problem.objective.value(y, args)
@@ -418,6 +465,16 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         direction, slope, memory, positive, solved = self.propose(
             problem, point, args, state, unrolled
         )
+        if not isinstance(problem, MinimiseProblem):
+            # An exact root (F = 0 in every entry: nothing left to solve), or a residual
+            # within the tolerances where the step is not finite (an infinite Jacobian, as
+            # that of sign(y) sqrt|y| at its root): the point itself is the solution.
+            start_f = jnp.where(state.started, state.start_value, point.f)
+            within = _residual_reached(point, start_f, rtol, atol)
+            at_root = jnp.all(point.aux == 0) | (within & ~jnp.all(jnp.isfinite(direction)))
+            direction = jnp.where(at_root, 0, direction)
+            slope = jnp.where(at_root, 0, slope)
+            solved = solved | at_root
         size = rms(direction)
         tol = atol + rtol * rms(point.y)
         # Quadratic (or superlinear) convergence that has hit round-off stops shrinking, and

@@ -36,7 +36,7 @@ from ._iterate import (
     rms,
 )
 from ._krylov import minimum_direction, root_direction
-from ._linear import DENSE_LIMIT
+from ._linear import DENSE_LIMIT, FACTOR_CHECK
 from ._linesearch import AbstractLineSearchSolver, Trial
 from ._solution import RESULTS, Solution
 
@@ -275,7 +275,28 @@ class Newton(AbstractLineSearchSolver):
                 factor = None  # perhaps the previous iterate's: the adjoint factorises anew
         else:
             factor, cache = state.memory, None
-        return value, state.size, stats, {"factor": factor, "cache": cache, "point": state.point}
+        extras = {"factor": factor, "cache": cache, "point": state.point}
+        extras["singular"] = done & _jacobian_moves(problem, args, state.point.y, value)
+        return value, state.size, stats, extras
+
+
+def _jacobian_moves(problem: AbstractProblem, args: Any, y: Array, root: Array) -> Array:
+    r"""Whether the residual's Jacobian changes by more than `FACTOR_CHECK` (a quarter)
+    across the last step $d$ = `root - y`: $\operatorname{rms}(J(y^*)d - J(y)d) >
+    \tfrac14\operatorname{rms}(J(y)d)$. Newton's last step is within the tolerance, so a
+    Jacobian that moves that much within it vanishes at the root, or nearly (a multiple
+    root: at the double root of $y^2 - a$, $a = 0$, each step halves $y$ and $J$): the
+    implicit derivative does not exist, or is not determined by the solve
+    (`ImplicitAdjoint` makes it NaN, or raises). At a simple root $J$ moves by a relative
+    $O(\lVert F''\rVert\,\lVert d\rVert / \lVert J\rVert)$, far below."""
+    d = jax.lax.stop_gradient(root - y)
+
+    def along_d(z):
+        return jax.jvp(lambda w: problem.residual(w, args), (z,), (d,))[1]
+
+    before, after = along_d(jax.lax.stop_gradient(y)), along_d(jax.lax.stop_gradient(root))
+    change = rms(after - before)
+    return jnp.isfinite(change) & (change > FACTOR_CHECK * rms(before))
 
 
 @compiled
