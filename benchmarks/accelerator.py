@@ -145,10 +145,19 @@ def peak_mib(fn, *args) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run on a CPU anyway (with --quick: a check of the script, minutes, no kernel timed)",
+    )
     args = parser.parse_args(argv)
     platform = jax.devices()[0].platform
-    if platform == "cpu" and not args.quick:
-        raise SystemExit("accelerator.py measures a GPU or TPU; on a CPU, pass --quick")
+    if platform == "cpu" and not (args.cpu and args.quick):
+        raise SystemExit(
+            "accelerator.py times the kernels on a GPU or TPU, and JAX sees only a CPU here. "
+            "To check the script on a CPU (minutes; the XLA loop is timed, not the kernels), "
+            "pass --quick --cpu."
+        )
     seqs = (256, 512) if args.quick else (1024, 2048, 4096, 8192, 16384)
     dims = (64,) if args.quick else (64, 128)
     dtypes = (jnp.bfloat16,) if args.quick else (jnp.bfloat16, jnp.float32)

@@ -6,6 +6,12 @@ Energies, solvers and results live at `energyattn.*`, layers at `energyattn.nn.*
 
 from importlib import metadata as _metadata
 
+# First: in the `energyattn` command (only there), Ctrl-C is handled from here on, before JAX
+# is imported (a standard-library module: energyattn/_cli/interrupt.py says how).
+from ._cli import startup as _startup  # noqa: F401
+
+# isort: split
+
 from . import (
     aot as aot,
     data as data,
@@ -93,3 +99,85 @@ try:
     __version__ = _metadata.version("energyattn")
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
+
+from ._namespace import public_dir as _public_dir
+
+# The API, as `dir()` lists it (`test_public_namespaces_list_only_their_api` checks it).
+__all__ = [
+    "AbstractAdjoint",
+    "AbstractEnergy",
+    "AbstractFixedPointSolver",
+    "AbstractHiddenPrior",
+    "AbstractIterativeSolver",
+    "AbstractLinearSolver",
+    "Anderson",
+    "AutoLinearSolver",
+    "BLOCKWISE_THRESHOLD",
+    "BernoulliPrior",
+    "BinaryVisible",
+    "BlockSizes",
+    "CG",
+    "Cholesky",
+    "ClassicalHopfieldEnergy",
+    "ConstantPrior",
+    "DenseHopfieldEnergy",
+    "ExponentialSeparation",
+    "FunctionEnergy",
+    "GMRES",
+    "GaussianPrior",
+    "GaussianVisible",
+    "HopfieldEnergy",
+    "ImplicitAdjoint",
+    "LBFGS",
+    "LU",
+    "LocalAttentionEnergy",
+    "MixtureEnergy",
+    "Newton",
+    "PhantomAdjoint",
+    "Picard",
+    "PoissonPrior",
+    "PolynomialSeparation",
+    "RBMEffectiveEnergy",
+    "RESULTS",
+    "ScaledEnergy",
+    "SegmentIds",
+    "Solution",
+    "SumEnergy",
+    "TransformerAttentionEnergy",
+    "TransformerMemoryEnergy",
+    "UnrolledAdjoint",
+    "aot",
+    "attention_logsumexp",
+    "classical_hopfield_energy",
+    "cumulant",
+    "data",
+    "dense_hopfield_energy",
+    "descend",
+    "energy_tree",
+    "fixed_point",
+    "ham",
+    "hebbian_weights",
+    "hopfield_energy",
+    "lagrangians",
+    "layer_norm_lagrangian",
+    "legendre_energy",
+    "local_energies",
+    "local_energy",
+    "local_forces",
+    "minimise",
+    "models",
+    "nn",
+    "parallel",
+    "project_couplings",
+    "pseudo_likelihood_energy",
+    "rbm_effective_energy",
+    "rbm_joint_energy",
+    "root_find",
+    "select_implementation",
+    "sign_descend",
+    "spin",
+    "transformer_attention_energy",
+    "transformer_memory_energy",
+    "viz",
+]
+__dir__ = _public_dir(__all__)

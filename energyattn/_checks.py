@@ -6,9 +6,11 @@
 3. Solver failures are result codes on a `Solution` (see `energyattn._solver`).
 """
 
+import functools
+import inspect
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -18,6 +20,8 @@ from jaxtyping import Array, ArrayLike
 
 from ._mask import SegmentIds
 from ._sharding import explicit_sequence_axis, in_sequence_parallel
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def shape_str(shape: tuple[int, ...]) -> str:
@@ -38,7 +42,16 @@ def check_shape(name: str, x: Any, dims: str, **sizes: int) -> None:
         n in sizes and s != sizes[n] for n, s in zip(names, shape, strict=False)
     )
     if bad:
-        raise ValueError(f"{name} must have shape ({wanted}), got {shape_str(shape)}")
+        hint = ""
+        if len(shape) == len(names) + 1 and not any(
+            n in sizes and s != sizes[n] for n, s in zip(names, shape[1:], strict=True)
+        ):
+            # One axis too many in front: a batch, where everything takes one example.
+            hint = (
+                f" (a batch of {shape[0]}? this takes one example: map it over the batch "
+                "with jax.vmap, or eqx.filter_vmap for a module)"
+            )
+        raise ValueError(f"{name} must have shape ({wanted}), got {shape_str(shape)}{hint}")
 
 
 def check_matching_dim(
@@ -159,6 +172,65 @@ def check_positive(name: str, value: Any) -> Array:
         return jnp.asarray(value)
     value = check_values(name, value, lambda v: v > 0, "> 0")
     return check_values(name, value, lambda v: v < np.inf, "finite")
+
+
+def check_beta(beta: Any) -> Array:
+    """An inverse temperature: a finite scalar `beta > 0`, checked as `check_positive` does
+    (a `ValueError` when known at trace time, a runtime error when traced). The one check of
+    `beta` of every function of the spin family (`ea.spin.*`)."""
+    return check_positive("beta", beta)
+
+
+def keyword_arguments(where: str) -> Callable[[_F], _F]:
+    """Decorate a function (or an `__init__`) with keyword-only parameters: a call that passes
+    one of them by position is refused with a `TypeError` that names it, e.g.
+    `ea.spin.smt.magnetization takes beta by keyword: pass beta=... (its positional
+    arguments are theta)`, where Python's own message names none. Every other call passes
+    straight through (`inspect.signature` reads the function's own). `where` names the
+    function as users call it."""
+
+    def wrap(fn: _F) -> _F:
+        parameters = list(inspect.signature(fn).parameters.values())
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        positional = [p.name for p in parameters if p.kind in kinds]
+        keyword = [p.name for p in parameters if p.kind == inspect.Parameter.KEYWORD_ONLY]
+        shown = positional[1:] if positional[:1] == ["self"] else positional
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > len(positional):
+                free = [name for name in keyword if name not in kwargs]
+                moved = free[: len(args) - len(positional)]
+                if moved and len(moved) == len(args) - len(positional):
+                    listed = (
+                        f"its positional arguments are {', '.join(shown)}"
+                        if shown
+                        else "it takes keyword arguments only"
+                    )
+                    raise TypeError(
+                        f"{where} takes {' and '.join(moved)} by keyword: pass "
+                        f"{', '.join(f'{name}=...' for name in moved)} ({listed})"
+                    )
+            return fn(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
+
+
+def signature_mismatch(fn: Callable[..., Any], *args: Any) -> str | None:
+    """Why `fn(*args)` cannot be called, from its signature (e.g. "too many positional
+    arguments"), or `None` when it can, or when `fn` has no signature to read (some
+    builtins): the reason to refuse a callback when it is given, not when it is first called."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args)
+    except TypeError as error:
+        return f"its signature is {signature}: {error}"
+    return None
 
 
 def _is_split(x: Any) -> bool:

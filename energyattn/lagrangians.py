@@ -68,9 +68,24 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import ArrayLike, Float
 
-from ._checks import check_positive, positive_int, shape_str
+from ._checks import check_positive, keyword_arguments, positive_int, shape_str
 from ._custom_types import Scalar, ScalarLike
 from ._energy import layer_norm_lagrangian
+from ._namespace import public_dir
+
+__all__ = [
+    "exp",
+    "ghostmax",
+    "identity",
+    "layer_norm",
+    "relu",
+    "repu",
+    "rexp",
+    "sigmoid",
+    "softmax",
+    "spherical",
+    "tanh",
+]
 
 _LOG2 = math.log(2.0)
 
@@ -205,6 +220,7 @@ def repu(x: Float[ArrayLike, "*shape"], *, n: int = 3) -> Scalar:
     return jnp.sum(jax.nn.relu(x) ** n) / n
 
 
+@keyword_arguments("ea.lagrangians.exp")
 def exp(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     r"""The Lagrangian whose activation is the exponential $e^{\beta x}$.
 
@@ -234,6 +250,7 @@ def exp(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     return jnp.sum(jnp.exp(beta * x)) / beta
 
 
+@keyword_arguments("ea.lagrangians.rexp")
 def rexp(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     r"""The Lagrangian whose activation is the rectified exponential $e^{\beta x} - 1$ ($x > 0$).
 
@@ -266,6 +283,7 @@ def rexp(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     return jnp.sum(_expm1_minus_identity(beta * jax.nn.relu(x))) / beta
 
 
+@keyword_arguments("ea.lagrangians.tanh")
 def tanh(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     r"""The Lagrangian whose activation is $\tanh(\beta x)$.
 
@@ -296,6 +314,7 @@ def tanh(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     return jnp.sum(_log_cosh(beta * x)) / beta
 
 
+@keyword_arguments("ea.lagrangians.sigmoid")
 def sigmoid(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     r"""The Lagrangian whose activation is the logistic sigmoid $\sigma(\beta x)$.
 
@@ -326,6 +345,7 @@ def sigmoid(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0) -> Scalar:
     return jnp.sum(jax.nn.softplus(beta * x)) / beta
 
 
+@keyword_arguments("ea.lagrangians.softmax")
 def softmax(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0, axis: int = -1) -> Scalar:
     r"""The Lagrangian whose activation is the softmax of $\beta x$ along `axis`.
 
@@ -360,6 +380,7 @@ def softmax(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0, axis: int 
     return jnp.sum(jax.nn.logsumexp(logits, axis=-1)) / beta
 
 
+@keyword_arguments("ea.lagrangians.ghostmax")
 def ghostmax(x: Float[ArrayLike, "*shape"], *, beta: ScalarLike = 1.0, axis: int = -1) -> Scalar:
     r"""The Lagrangian of the softmax with an extra zero logit (a "ghost" neuron).
 
@@ -470,3 +491,6 @@ def layer_norm(
     """
     x = _to_last(_float(x), axis)
     return layer_norm_lagrangian(x, gamma, delta, eps=eps)
+
+
+__dir__ = public_dir(__all__)

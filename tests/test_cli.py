@@ -4,8 +4,10 @@ import functools
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -194,15 +196,23 @@ def test_run_demo_bad_input(user_mode, tmp_path):
         (["demo", "--masked", "1.5"], "--masked: must be in (0, 1)"),
         (["demo", "--time-limit", "0"], "--time-limit: must be > 0"),
         (["demo", "--masked", "0.01"], "hides 0 of 16 patches"),
+        # Not a number a run can use: a line naming the flag, not a traceback from inside.
+        (["demo", "--learning-rate", "inf"], "--learning-rate: must be finite, got inf"),
+        (["ham", "--learning-rate", "inf"], "--learning-rate: must be finite, got inf"),
+        (["demo", "--time-limit", "inf"], "--time-limit: must be finite, got inf"),
+        (["ham", "--step-size", "1e400"], "--step-size: must be finite, got inf"),
+        (["hopfield", "--beta", "nan"], "--beta: must be > 0, got nan"),
     ],
 )
 def test_bad_arguments_exit_cleanly(tmp_path, capsys, argv, match):
-    argv = [*argv, "--out", str(tmp_path)] if argv[:1] in (["demo"], ["hopfield"]) else argv
+    with_out = argv[:1] in (["demo"], ["hopfield"], ["ham"])
+    argv = [*argv, "--out", str(tmp_path)] if with_out else argv
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
 
 
 COMMANDS = ("demo", "hopfield", "classify", "spin-transformer", "ebt", "attractor", "ham")
@@ -277,6 +287,164 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path, capsys, monkeypatch):
         assert err.startswith("energyattn ebt: interrupted after 'ebt: 26146 parameters; "), err
         kept = f"kept metrics.json in {out};" if write else f"wrote nothing to {out};"
         assert kept in err and "no training checkpoint is kept" in err, err
+
+
+# Each command, with what it writes into --out (bench: the benchmark it is asked to run).
+EARLIER = {command: "metrics.json" for command in COMMANDS}
+EARLIER["bench"] = "et_recall_quick.json"
+# The commands that read the digits first: a missing scikit-learn stops them early.
+READ_DIGITS = ("demo", "hopfield", "classify", "spin-transformer", "ebt", "attractor", "ham")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_earlier_run_is_replaced_only_with_overwrite(tmp_path, capsys, monkeypatch, command):
+    """A run into a folder holding an earlier run's files refuses at once, naming
+    --overwrite (status 1); with --overwrite it goes on. A run that fails before its work
+    starts (here: no scikit-learn) leaves no folder behind."""
+
+    def no_scikit_learn(*args, **kwargs):
+        raise ImportError("load_digits needs scikit-learn (test)")
+
+    monkeypatch.setattr(ea.data, "load_digits", no_scikit_learn)
+    monkeypatch.chdir(pathlib.Path(__file__).parents[1])  # bench: ./benchmarks
+    extra = ["--quick", "--only", "et_recall"] if command == "bench" else []
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = out / EARLIER[command]
+    earlier.write_text("an earlier run")
+    assert main([command, "--out", str(out), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"energyattn {command}: error: {str(out)!r} holds an earlier run's "), err
+    assert EARLIER[command] in err and "pass --overwrite" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert earlier.read_text() == "an earlier run"
+    if command in READ_DIGITS:
+        # --overwrite passes the check; the run then stops early, and replaced nothing.
+        assert main([command, "--out", str(out), "--overwrite", *extra]) == 1
+        assert "needs scikit-learn (test)" in capsys.readouterr().err
+        assert earlier.read_text() == "an earlier run"
+        # A new folder is made only when the work starts.
+        new = tmp_path / "new" / "folder"
+        assert main([command, "--out", str(new)]) == 1
+        assert "needs scikit-learn (test)" in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()
+
+
+def test_metrics_json_is_strict_json(tmp_path):
+    """No NaN or Infinity (which Python's json writes and strict readers refuse): null."""
+    from energyattn._cli.common import write_metrics
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    metrics = {"limit": float("inf"), "losses": [float("nan"), 1.5], "nested": {"a": (2, -1e999)}}
+    write_metrics(tmp_path / "metrics.json", metrics)
+    read = json.loads((tmp_path / "metrics.json").read_text(), parse_constant=refuse)
+    assert read == {"limit": None, "losses": [None, 1.5], "nested": {"a": [2, None]}}
+
+
+# ---------------------------------------------------------------- Ctrl-C in a process of its own
+
+
+def _ctrl_c_blocked(pid):
+    """Whether the process `pid` has SIGINT blocked: energyattn's handling has started."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return bool(int(status.split("SigBlk:")[1].split()[0], 16) & (1 << (signal.SIGINT - 1)))
+
+
+def _jax_loaded(pid):
+    return "libjax" in pathlib.Path(f"/proc/{pid}/maps").read_text()
+
+
+needs_proc = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads the signal mask in /proc"
+)
+
+
+@needs_proc
+def test_ctrl_c_while_starting_exits_130_with_one_line(tmp_path):
+    """`python -m energyattn demo` stopped by Ctrl-C as soon as it handles it (while it
+    imports JAX, with energyattn's first import in place): status 130 and one line, no
+    traceback, no crash, no folder."""
+    out = tmp_path / "demo"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "energyattn", "demo", "--out", str(out), "--train-steps", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
+    )
+    try:
+        while not _ctrl_c_blocked(process.pid):
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.002)
+        during_import = not _jax_loaded(process.pid)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.count("\n") == 1 and stderr.startswith("energyattn"), stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert not out.exists()
+    if not during_import:  # (checked above all the same, after the import)
+        pytest.skip("the import ended before the signal was sent: not the import-time path")
+
+
+# A training loop as the commands run it, without JAX (fast): the interrupt module loaded
+# from its file, steps of 10 ms, or a step that never ends (argv[1] == "long").
+FAKE_TRAINING = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("interrupt", sys.argv[2])
+interrupt = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(interrupt)
+interrupt.install()
+interrupt.describe(lambda: "energyattn fake: interrupted")
+if sys.argv[1] == "compiling":
+    print("compiling", flush=True)
+    time.sleep(60)
+try:
+    with interrupt.training():
+        for step in range(1, 100_000):
+            time.sleep(60 if sys.argv[1] == "long" and step == 2 else 0.01)
+            interrupt.between_steps(step, 0.0)
+            if step == 1:
+                print("training", flush=True)
+except KeyboardInterrupt:
+    interrupt.report()
+    print(f"stopped after step {step}", flush=True)
+    sys.exit(interrupt.STATUS)
+"""
+
+
+@needs_proc
+@pytest.mark.parametrize("case", ["step", "long", "compiling"])
+def test_ctrl_c_stops_training_after_a_step_and_twice_at_once(case):
+    """Between training steps the first Ctrl-C stops the run after the step (the command
+    then prints its line); a second one, or one outside the steps (compilation), ends the
+    process at once, with one line and status 130."""
+    from energyattn._cli import interrupt
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", FAKE_TRAINING, case, interrupt.__file__],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() in ("training\n", "compiling\n")
+        process.send_signal(signal.SIGINT)
+        if case == "long":  # inside a step that does not end: a second Ctrl-C
+            time.sleep(0.2)
+            assert process.poll() is None
+            process.send_signal(signal.SIGINT)
+        began = time.perf_counter()
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and time.perf_counter() - began < 10
+    assert stderr == "energyattn fake: interrupted\n"
+    assert ("stopped after step" in stdout) == (case == "step"), stdout
 
 
 def test_time_limit_note():

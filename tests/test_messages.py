@@ -259,3 +259,265 @@ def test_nan_weights_and_cli_failures_are_named(tmp_path, capsys, user_mode):
     err = capsys.readouterr().err
     assert err.startswith("energyattn ham: error: ea.descend: the descent diverged"), err
     assert "(check --step-size and --learning-rate)" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------ the audit's grid (issue 63)
+
+_THETA = np.array([[0.3, -0.2], [0.1, 0.4], [-0.5, 0.2]])
+_R = 3**0.5
+
+
+def _ebt():
+    return ea.models.EnergyBasedTransformer(2, 3, 4, num_heads=1, depth=1, key=jr.key(0))
+
+
+# (the call, the error type, a substring of its message): each names the user's argument.
+BAD_INPUT = {
+    # Every spin function checks beta (finite and > 0) by one helper, and R alike.
+    "smt.magnetization beta<0": (
+        lambda: ea.spin.smt.magnetization(_THETA, beta=-1.0, R=_R),
+        ValueError,
+        "beta must be > 0, got -1.0",
+    ),
+    "smt.inverse_magnetization beta=nan": (
+        lambda: ea.spin.smt.inverse_magnetization(0.1 * _THETA, beta=float("nan"), R=_R),
+        ValueError,
+        "beta must be > 0, got nan",
+    ),
+    "smt.gamma beta=0": (
+        lambda: ea.spin.smt.gamma(_THETA, beta=0.0, R=_R),
+        ValueError,
+        "beta must be > 0, got 0.0",
+    ),
+    "smt.tap_field beta=inf": (
+        lambda: ea.spin.smt.tap_field(
+            0.1 * _THETA, 0.1 * _THETA, _THETA, np.eye(3), beta=float("inf"), R=_R
+        ),
+        ValueError,
+        "beta must be finite, got inf",
+    ),
+    "smt.steady_state beta<0": (
+        lambda: ea.spin.smt.steady_state(_THETA, np.eye(3), beta=-2.0, R=_R),
+        ValueError,
+        "beta must be > 0, got -2.0",
+    ),
+    "smt.magnetization R<0": (
+        lambda: ea.spin.smt.magnetization(_THETA, R=-1.0),
+        ValueError,
+        "R must be > 0, got -1.0",
+    ),
+    "afem beta=nan": (
+        lambda: ea.spin.free_energy(np.zeros((3, 3)), _THETA, beta=float("nan")),
+        ValueError,
+        "beta must be > 0, got nan",
+    ),
+    # A NaN input of a spin solve names that input.
+    "smt.steady_magnetizations NaN J": (
+        lambda: ea.spin.smt.steady_magnetizations(_THETA, np.full((3, 3), np.nan), R=_R),
+        eqx.EquinoxRuntimeError,
+        "J (the couplings) contains NaN or inf",
+    ),
+    # Keyword-only arguments given by position are named.
+    "smt.magnetization positional beta": (
+        lambda: ea.spin.smt.magnetization(_THETA, 1.0, R=_R),
+        TypeError,
+        "ea.spin.smt.magnetization takes beta by keyword: pass beta=...",
+    ),
+    "HopfieldEnergy positional beta": (
+        lambda: ea.HopfieldEnergy(np.ones((3, 2)), 1.0),
+        TypeError,
+        "ea.HopfieldEnergy takes beta by keyword: pass beta=... (its positional arguments "
+        "are memory)",
+    ),
+    "hopfield_energy positional beta": (
+        lambda: ea.hopfield_energy(np.ones((3, 2)), np.ones((3, 2)), 1.0),
+        TypeError,
+        "ea.hopfield_energy takes beta by keyword",
+    ),
+    "lagrangians.softmax positional beta": (
+        lambda: ea.lagrangians.softmax(np.ones(3), 2.0),
+        TypeError,
+        "ea.lagrangians.softmax takes beta by keyword",
+    ),
+    # TrainOptions: keyword-only fields, each value checked when built, the callback too.
+    "TrainOptions positional": (
+        lambda: ea.models.TrainOptions(1e-3),
+        TypeError,
+        "ea.models.TrainOptions takes learning_rate by keyword: pass learning_rate=... (it "
+        "takes keyword arguments only)",
+    ),
+    "TrainOptions time_limit": (
+        lambda: ea.models.TrainOptions(time_limit="abc"),
+        ValueError,
+        "time_limit must be a number of seconds >= 0 (None: no limit), got 'abc'",
+    ),
+    "TrainOptions learning_rate": (
+        lambda: ea.models.TrainOptions(learning_rate="abc"),
+        ValueError,
+        "learning_rate must be a real number, got 'abc'",
+    ),
+    "TrainOptions progress": (
+        lambda: ea.models.TrainOptions(progress="yes"),
+        ValueError,
+        "progress must be True or False, got 'yes'",
+    ),
+    "TrainOptions callback": (
+        lambda: ea.models.TrainOptions(callback=lambda: None),
+        TypeError,
+        "callback must take two positional arguments, callback(step, loss)",
+    ),
+    # A plain function as an energy: the (x, args) contract, when it is wrapped.
+    "FunctionEnergy one argument": (
+        lambda: ea.FunctionEnergy(lambda y: jnp.sum(y**2)),
+        TypeError,
+        "FunctionEnergy needs a function fn(x, args) -> scalar",
+    ),
+    # The models' inputs.
+    "next_token_error shapes": (
+        lambda: ea.models.next_token_error(jnp.zeros((3, 4)), jnp.zeros((5, 4))),
+        ValueError,
+        "got predictions (3, 4) and x (5, 4)",
+    ),
+    "think integer tokens": (
+        lambda: _ebt().think(jnp.zeros((3, 2), jnp.int32), num_steps=1, key=jr.key(0)),
+        ValueError,
+        "think needs float token embeddings x of shape (seq, token_dim), got dtype int32",
+    ),
+    "train_ebt NaN sequences": (
+        lambda: ea.models.train_ebt(
+            _ebt(),
+            jnp.zeros((4, 3, 2)).at[1, 2, 0].set(jnp.nan),
+            key=jr.key(0),
+            train_steps=1,
+            batch_size=2,
+            options=ea.models.TrainOptions(progress=False),
+        ),
+        ValueError,
+        "sequences contain NaN or inf (1 entry; the first at index (1, 2, 0), in sequence 1)",
+    ),
+    # A batch passed to what takes one example.
+    "batch to a layer": (
+        lambda: ea.nn.HopfieldAttention(4, key=jr.key(0))(jnp.zeros((2, 3, 4))),
+        ValueError,
+        "x must have shape (seq, dim=4), got (2, 3, 4) (a batch of 2? this takes one "
+        "example: map it over the batch with jax.vmap",
+    ),
+    "batch to an energy": (
+        lambda: ea.hopfield_energy(jnp.zeros((2, 3, 4)), jnp.ones((5, 4))),
+        ValueError,
+        "with jax.vmap",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_names_the_argument(user_mode, case):
+    call, error, message = BAD_INPUT[case]
+    with pytest.raises(error) as raised:
+        jax.block_until_ready(call())
+    assert message in str(raised.value)
+
+
+def test_spin_functions_refuse_a_traced_bad_beta():
+    # Traced, the same check runs with the program.
+    magnetization = eqx.filter_jit(lambda b: ea.spin.smt.magnetization(_THETA, beta=b, R=_R))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="beta must be > 0"):
+        magnetization(jnp.asarray(-1.0))
+
+
+@eqx.filter_jit
+def _empty_sequence_values(empty, memory, layers):
+    """Everything of the test below, one compiled program (not one per operation)."""
+    out = {}
+    for implementation in ("naive", "blockwise"):
+        out[implementation] = (
+            ea.hopfield_energy(empty, memory, implementation=implementation),
+            jax.grad(ea.hopfield_energy)(empty, memory, implementation=implementation),
+            ea.attention_logsumexp(empty, memory, implementation=implementation),
+        )
+    hopfield, transformer, spin = layers
+    out["layer"] = hopfield(empty)
+    out["layer, solution"] = hopfield(empty, return_solution=True)
+    out["transformer"] = transformer(empty)
+    out["spin"] = spin(empty)
+    return out
+
+
+def test_empty_sequences_give_the_naive_answer():
+    memory = jr.normal(jr.key(0), (4, 8))
+    empty = jnp.zeros((0, 8))
+    layers = (
+        ea.nn.HopfieldAttention(8, num_heads=2, num_steps=2, key=jr.key(0)),
+        ea.nn.EnergyTransformer(8, num_heads=2, head_dim=4, num_memories=3, key=jr.key(0)),
+        ea.nn.SpinTransformerAttention(8, 2, key=jr.key(0)),
+    )
+    out = _empty_sequence_values(empty, memory, layers)
+    for implementation in ("naive", "blockwise"):
+        energy, grad, lse = out[implementation]
+        assert energy == 0.0 and energy.shape == ()
+        assert grad.shape == (0, 8) and lse.shape == (0,)
+    for name in ("layer", "transformer", "spin"):
+        assert out[name].shape == (0, 8), name
+    value, solution = out["layer, solution"]
+    assert value.shape == (0, 8) and bool(jnp.all(solution.converged))
+    np.testing.assert_array_equal(solution.energies, np.zeros((2, 3)))
+    assert solution.trajectory.shape == (2, 3, 0, 4)
+
+
+def _public_modules():
+    seen = {}
+
+    def walk(module):
+        if module.__name__ in seen:
+            return
+        seen[module.__name__] = module
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type(ea)) and value.__name__.startswith("energyattn."):
+                walk(value)
+
+    walk(ea)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(_public_modules()))
+def test_public_namespaces_list_only_their_api(name):
+    module = _public_modules()[name]
+    api = module.__all__
+    assert all(hasattr(module, n) for n in api), name
+    # Only the API: no imports (eqx, jnp), no private helpers.
+    assert dir(module) == sorted(api), sorted(set(dir(module)) ^ set(api))
+    if module.__file__.endswith("__init__.py"):
+        # A package re-exports its API: each of energyattn's objects it holds is listed.
+        held = {
+            n
+            for n, obj in vars(module).items()
+            if not n.startswith("_")
+            and (getattr(obj, "__module__", None) or getattr(obj, "__name__", "")).startswith(
+                "energyattn"
+            )
+        }
+        assert held <= set(api), sorted(held - set(api))
+
+
+def test_every_keyword_only_beta_names_itself_by_position():
+    """Every public callable with a keyword-only `beta` refuses it by position with a message
+    naming it (or, for the older names, accepts it with a DeprecationWarning naming it):
+    never Python's own "takes 2 positional arguments but 3 were given"."""
+    import inspect
+
+    unchecked = []
+    for module in _public_modules().values():
+        for name in module.__all__:
+            value = getattr(module, name)
+            fn = value.__init__ if inspect.isclass(value) else value
+            if not callable(fn) or isinstance(value, type(ea)):
+                continue
+            try:
+                beta = inspect.signature(fn).parameters.get("beta")
+            except (TypeError, ValueError):
+                continue
+            if beta is not None and beta.kind == beta.KEYWORD_ONLY:
+                if not hasattr(fn, "__wrapped__"):
+                    unchecked.append(f"{module.__name__}.{name}")
+    assert not unchecked, unchecked

@@ -1,3 +1,4 @@
-"""The `energyattn` command line; the library never imports it."""
+"""The `energyattn` command line; the library never imports it. Importing this package
+imports nothing else: `main` loads the commands when it runs."""
 
-from .app import main as main
+from .entry import main as main

@@ -1,7 +1,6 @@
 """The `energyattn` command (also `python -m energyattn`): one subcommand per module."""
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from . import (
@@ -13,6 +12,7 @@ from . import (
     ebt,
     ham,
     hopfield,
+    interrupt,
     landscape,
     spin_transformer,
     sweep,
@@ -54,17 +54,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     **Returns:**
 
     The exit status: 0 on success, 1 when the command cannot run here (its output folder
-    cannot be written, an extra or a data file is missing: one line on stderr says which),
-    130 when Ctrl-C stopped it (one line on stderr says after which step, and which output
-    files it had written). Bad arguments exit through argparse (`SystemExit(2)`).
+    cannot be written or holds an earlier run's files and `--overwrite` is not given, an
+    extra or a data file is missing: one line on stderr says which), 130 when Ctrl-C stopped
+    it (one line on stderr says after which step, and which output files it had written).
+    Bad arguments exit through argparse (`SystemExit(2)`). Run as `python -m energyattn` (or
+    the `energyattn` script), Ctrl-C is handled as `interrupt` describes: it stops training
+    after a step, and anything else at once.
     """
     args = parser().parse_args(argv)
     avoid_xla_cpu_ynn_fusions()
     before = output_files(args.out)
     common.last_said = None
+    interrupt.describe(lambda: interrupted(args.command, args.out, before))
     try:
         return args.run(args)
     except KeyboardInterrupt:
         # One line instead of a traceback through JAX and Equinox.
-        print(interrupted(args.command, args.out, before), file=sys.stderr, flush=True)
-        return 130
+        interrupt.report()
+        return interrupt.STATUS

@@ -15,11 +15,13 @@ import numpy as np
 from jaxtyping import Array
 
 from ..models import TrainOptions
+from . import interrupt
 from .common import (
     add_command,
     add_shared_flags,
     check_out,
     int_at_least,
+    make_out,
     plural,
     run,
     say,
@@ -89,6 +91,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_attractor_demo,
         args.out,
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         baseline_steps=args.baseline_steps,
         num_iterations=args.iterations,
@@ -217,6 +220,7 @@ def run_attractor_demo(
     seed: int = 0,
     options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     r"""Train the attractor network (pseudo-likelihood, task-agnostic) and, per task, the
     recycled transformer block and the 5-layer vision transformer (backpropagation); measure
@@ -227,7 +231,8 @@ def run_attractor_demo(
     denoising: the mean training image).
 
     Writes `metrics.json`, `mse_vs_iteration.png`, `reconstructions_<task>.png` and
-    `couplings.png` into `out`.
+    `couplings.png` into `out` (checked before any work, created when training starts; the
+    files of an earlier run there are replaced only with `overwrite`).
     `tasks` picks the tasks, `baselines=False` skips the backpropagation baselines (the
     attractor network and the controls alone take seconds; each baseline minutes on a CPU
     core). `options` are every model's [`TrainOptions`][energyattn.models.TrainOptions]
@@ -256,7 +261,7 @@ def run_attractor_demo(
         raise ValueError(f"tasks must be a non-empty subset of {tuple(TASK_TITLES)}, got {tasks}")
     figures = [f"reconstructions_{task}.png" for task in tasks]
     names = ("couplings.png", "mse_vs_iteration.png", "metrics.json", *figures)
-    out = check_out(out, *names)  # before any data, compilation or training
+    out = check_out(out, *names, overwrite=overwrite)  # before any data or compilation
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images, np.float32)[:, None]
     eval_key = jr.PRNGKey(seed + 100)
@@ -267,9 +272,11 @@ def run_attractor_demo(
     untrained = AttractorImageModel(
         patch_size=patch_size, num_steps=num_iterations, key=jr.PRNGKey(seed), dtype=jnp.float32
     )
-    result = train_attractor(
-        untrained, train, key=jr.PRNGKey(seed + 1), train_steps=train_steps, options=options
-    )
+    make_out(out)
+    with interrupt.training():
+        result = train_attractor(
+            untrained, train, key=jr.PRNGKey(seed + 1), train_steps=train_steps, options=options
+        )
     attractor = result.model
     metrics["attractor_train_seconds"] = time.perf_counter() - began
     metrics["attractor_train_steps"] = train_steps
@@ -311,16 +318,17 @@ def run_attractor_demo(
             baseline = PatchTransformer(
                 patch_size=patch_size, depth=depth, key=jr.PRNGKey(seed + 2)
             )
-            trained = train_reconstruction(
-                baseline,
-                train,
-                task=task,
-                key=jr.PRNGKey(seed + 3),
-                train_steps=baseline_steps,
-                min_iterations=low,
-                max_iterations=high,
-                options=options,
-            ).model
+            with interrupt.training():
+                trained = train_reconstruction(
+                    baseline,
+                    train,
+                    task=task,
+                    key=jr.PRNGKey(seed + 3),
+                    train_steps=baseline_steps,
+                    min_iterations=low,
+                    max_iterations=high,
+                    options=options,
+                ).model
             seconds = time.perf_counter() - began
             progress(
                 f"{task}: {name} trained ({plural(baseline_steps, 'step')}) in {seconds:.1f} s"

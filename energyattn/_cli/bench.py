@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .common import add_command, check_out, fail
+from . import interrupt
+from .common import add_command, check_out, fail, make_out
 
 
 def add_parser(commands: Any) -> None:
@@ -97,10 +98,16 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"argument --only: unknown benchmark{'s' if len(unknown) > 1 else ''} "
             f"{', '.join(map(repr, unknown))}; choose from {', '.join(names or ())}"
         )
+    # benchmarks/run.py writes <name>[_quick].json per benchmark run: those of an earlier run
+    # are replaced only with --overwrite.
+    suffix = "_quick" if args.quick else ""
+    written = [f"{name}{suffix}.json" for name in args.only or names or ()]
     try:
-        out = check_out(args.out).resolve()
+        out = make_out(check_out(args.out, *written, overwrite=args.overwrite)).resolve()
     except OSError as error:
         return fail("bench", str(error))
+    except ValueError as error:  # an empty --out
+        parser.error(str(error))
     command = [sys.executable, str(folder / "run.py"), "--results", str(out)]
     command += ["--quick"] if args.quick else []
     command += ["--only", *args.only] if args.only else []
@@ -108,7 +115,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Unpinned BLAS threads make CPU linear algebra much slower; keep the user's choice if any.
     env = dict(os.environ)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    status = subprocess.run(command, env=env, check=False).returncode
+    with interrupt.for_children():  # Ctrl-C reaches the benchmarks as usual
+        child = subprocess.Popen(command, env=env)
+    status = child.wait()
     if status == 0:
         print(f"results in {out}")
     return status

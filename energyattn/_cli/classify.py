@@ -11,10 +11,12 @@ import jax.random as jr
 import numpy as np
 
 from ..models import TrainOptions
+from . import interrupt
 from .common import (
     add_command,
     add_shared_flags,
     check_out,
+    make_out,
     num_parameters,
     plural,
     run,
@@ -64,6 +66,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_classify_demo,
         args.out,
         mnist=args.mnist,
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         seed=args.seed,
         options=training_options(args),
@@ -91,6 +94,7 @@ def run_classify_demo(
     seed: int = 0,
     options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a [`MeanFieldClassifier`][energyattn.models.MeanFieldClassifier] and evaluate it.
 
@@ -98,7 +102,8 @@ def run_classify_demo(
     [`load_digits`][energyattn.data.load_digits]); with `mnist` a local folder or `.npz`
     read by [`load_mnist`][energyattn.data.load_mnist] (28x28 images, 7x7 patches: 16 sites
     plus CLS). Writes `metrics.json` and the trained parameters (`model.eqx`) into `out`
-    (checked writable before the data are read). `options` are the training's
+    (checked writable before the data are read, created when training starts; the files of
+    an earlier run there are replaced only with `overwrite`). `options` are the training's
     [`TrainOptions`][energyattn.models.TrainOptions].
 
     **Returns:**
@@ -109,7 +114,7 @@ def run_classify_demo(
     from ..data import Digits, Mnist, load_digits, load_mnist
     from ..models import MeanFieldClassifier, evaluate_classifier, train_classifier
 
-    out = check_out(out, "model.eqx", "metrics.json")
+    out = check_out(out, "model.eqx", "metrics.json", overwrite=overwrite)
     train: Digits | Mnist
     test: Digits | Mnist
     if mnist is None:
@@ -125,16 +130,18 @@ def run_classify_demo(
     progress(
         f"{dataset}: {len(train.labels)} train / {len(test.labels)} test; {num_params} parameters"
     )
+    make_out(out)
     began = time.perf_counter()
-    result = train_classifier(
-        model,
-        np.asarray(train.images, np.float32),
-        train.labels,
-        key=jr.PRNGKey(seed + 1),
-        train_steps=train_steps,
-        batch_size=min(64, len(train.labels)),
-        options=options,
-    )
+    with interrupt.training():
+        result = train_classifier(
+            model,
+            np.asarray(train.images, np.float32),
+            train.labels,
+            key=jr.PRNGKey(seed + 1),
+            train_steps=train_steps,
+            batch_size=min(64, len(train.labels)),
+            options=options,
+        )
     train_seconds = time.perf_counter() - began
     stopped = time_limit_note(result.step, train_steps, options.time_limit)
     if stopped:

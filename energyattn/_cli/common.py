@@ -5,14 +5,17 @@ flags several commands take (and the training options they set), and the way a c
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..models import TrainOptions
+from . import interrupt
 
 #: Every command writes into its own folder under this one unless given `--out`.
 OUT_ROOT = "energyattn-out"
@@ -41,7 +44,8 @@ def int_at_least(low: int, high: int = INT_MAX) -> Callable[[str], int]:
 
 
 def number(check: Callable[[float], bool], requirement: str) -> Callable[[str], float]:
-    """An argparse type: a float for which `check(value)` holds, else "must be <requirement>"."""
+    """An argparse type: a finite float for which `check(value)` holds, else "must be
+    <requirement>" (or "must be finite": no flag takes inf or NaN)."""
 
     def parse(text: str) -> float:
         try:
@@ -50,6 +54,8 @@ def number(check: Callable[[float], bool], requirement: str) -> Callable[[str], 
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         if not check(value):  # NaN fails every check
             raise argparse.ArgumentTypeError(f"must be {requirement}, got {value}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {value}")
         return value
 
     return parse
@@ -83,7 +89,7 @@ class HelpFormatter(argparse.HelpFormatter):
 def add_command(
     commands: Any, name: str, *, help: str, description: str
 ) -> argparse.ArgumentParser:
-    """A subcommand with the shared formatter and its `--out` option."""
+    """A subcommand with the shared formatter and its `--out` and `--overwrite` options."""
     parser = commands.add_parser(
         name, help=help, description=description, formatter_class=HelpFormatter
     )
@@ -91,7 +97,12 @@ def add_command(
         "--out",
         default=f"{OUT_ROOT}/{name}",
         metavar="DIR",
-        help="output folder; created if needed and checked before any work",
+        help="output folder; checked before any work, created when the work starts",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the files of an earlier run in --out (without it, the command refuses)",
     )
     return parser
 
@@ -142,9 +153,18 @@ def add_shared_flags(
 def training_options(args: argparse.Namespace, base: TrainOptions = TrainOptions()) -> TrainOptions:
     """The [`TrainOptions`][energyattn.models.TrainOptions] of a command: `base` (the
     command's own defaults) with what its flags set, `--learning-rate`, `--time-limit` and
-    `--no-progress`, where it has them."""
+    `--no-progress`, where it has them, and `interrupt.between_steps` as callback (after
+    `base`'s own), so that Ctrl-C stops training after a step (inside `interrupt.training`)."""
     flags = vars(args)
-    given: dict[str, Any] = {}
+    given: dict[str, Any] = {"callback": interrupt.between_steps}
+    if base.callback is not None:
+        first = base.callback
+
+        def both(step: int, loss: float) -> None:
+            first(step, loss)
+            interrupt.between_steps(step, loss)
+
+        given["callback"] = both
     if "learning_rate" in flags:
         given["learning_rate"] = flags["learning_rate"]
     if "time_limit" in flags:
@@ -212,19 +232,57 @@ def fail(command: str, message: str) -> int:
     return 1
 
 
-def check_out(out: str | os.PathLike, *names: str) -> Path:
-    """Create and probe a command's output folder, and every file `names` it will write
-    there, before any work: an `OSError` naming the path (`NotADirectoryError`,
-    `IsADirectoryError`, `PermissionError`) when one cannot be written. An empty `--out` is a
+def check_out(out: str | os.PathLike, *names: str, overwrite: bool = False) -> Path:
+    """Check, before any work, that a command can write the files `names` into its output
+    folder `out`, without creating anything (`make_out` does, when the work starts).
+
+    An `OSError` naming the path when one cannot be written: `NotADirectoryError` (the folder,
+    or a part of its path, is a file), `PermissionError` (the folder, or the existing folder
+    it would be made in, is not writable), `IsADirectoryError` (a file's name is a folder);
+    and, unless `overwrite`, `FileExistsError` naming `--overwrite` when some of `names`
+    exist (an earlier run's files, never replaced without consent). An empty `--out` is a
     `ValueError` (it would write into the current folder)."""
     from .._io import check_output_dir, check_output_file
 
     if not str(out).strip():
         raise ValueError("--out must name a folder, got an empty path")
-    folder = check_output_dir(out)
+    folder = Path(out)
+    if not folder.exists():
+        # The nearest existing folder above it, where it would be created, must be writable.
+        above = next(p for p in folder.absolute().parents if p.exists() or p == p.parent)
+        if not above.is_dir():
+            raise NotADirectoryError(
+                f"cannot create the output folder {str(folder)!r}: a part of the path is a file"
+            )
+        try:
+            handle, probe = tempfile.mkstemp(prefix=".energyattn-probe-", dir=above)
+        except OSError as error:
+            raise PermissionError(
+                f"cannot create the output folder {str(folder)!r}: {str(above)!r} is not "
+                f"writable ({error.strerror or error})"
+            ) from None
+        os.close(handle)
+        os.unlink(probe)
+        return folder
+    check_output_dir(folder)  # a folder, writable (it exists: nothing is created)
     for name in names:
         check_output_file(folder / name, what="output file")
+    earlier = [name for name in names if (folder / name).is_file()]
+    if earlier and not overwrite:
+        raise FileExistsError(
+            f"{str(folder)!r} holds an earlier run's {', '.join(earlier)}; pass --overwrite to "
+            "replace them, or choose another --out"
+        )
     return folder
+
+
+def make_out(folder: Path) -> Path:
+    """Create the output folder `folder` (checked by `check_out`), when a command's work
+    starts: a command that fails before (a missing extra or data file, a bad setting)
+    leaves no empty folder behind."""
+    from .._io import check_output_dir
+
+    return check_output_dir(folder)
 
 
 def run(
@@ -269,11 +327,26 @@ def time_limit_note(done: int, planned: int, time_limit: float | None) -> str | 
     return f"stopped after {done} of {planned} steps: {time_limit:g} s time limit"
 
 
+def strict_json(value: Any) -> Any:
+    """`value` (nested dicts, lists and tuples) with every non-finite float replaced by
+    `None`: JSON has no NaN or infinity (Python writes `NaN` and `Infinity`, which strict
+    readers refuse)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
 def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> Path:
-    """Write `metrics` as indented JSON, atomically."""
+    """Write `metrics` as indented, strict JSON (a non-finite number is `null`),
+    atomically."""
     from .._io import atomic_write_text
 
-    return atomic_write_text(path, json.dumps(metrics, indent=2) + "\n")
+    text = json.dumps(strict_json(metrics), indent=2, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
 
 
 def elapsed(start: float) -> str:

@@ -22,10 +22,12 @@ import numpy as np
 
 import energyattn as ea
 
+from . import interrupt
 from .common import (
     add_command,
     add_shared_flags,
     check_out,
+    make_out,
     number,
     plural,
     run,
@@ -87,6 +89,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_demo,
         args.out,
         flags="--learning-rate",
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         masked_fraction=args.masked,
         batch_size=args.batch_size,
@@ -116,15 +119,16 @@ def run_demo(
     num_examples: int = 10,
     options: ea.models.TrainOptions = OPTIONS,
     progress: Callable[[str], Any] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     r"""Train an image Energy Transformer on shipped digits, evaluate inpainting, draw it.
 
     **Arguments:**
 
-    - `out_dir`: output folder (created if needed, and checked before any work); receives
-      `inpainting.png` (rows original, masked, reconstructed), `energies.png` (energy
-      against descent step on test digits),
-      `model.npz` (the trained weights and settings:
+    - `out_dir`: output folder (checked before any work, created when training starts);
+      receives `inpainting.png` (rows original, masked, reconstructed), `energies.png`
+      (energy against descent step on test digits), `model.npz` (the trained weights and
+      settings:
       `ea.models.load_image_et("model.npz")` reads it back, see
       [`load_image_et`][energyattn.models.load_image_et]) and `metrics.json`.
     - `train_steps`: optimisation steps of the learning-rate schedule.
@@ -135,6 +139,8 @@ def run_demo(
     - `options`: the training's [`TrainOptions`][energyattn.models.TrainOptions] (default:
       learning rate `3e-3`, a time limit of 150 s; compilation, done first, does not count).
     - `progress`: optional callback receiving one line of text per stage.
+    - `overwrite`: replace the files of an earlier run in `out_dir` (else a
+      `FileExistsError` before any work).
 
     **Returns:**
 
@@ -146,7 +152,8 @@ def run_demo(
     if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
         raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
     say = progress if progress is not None else (lambda line: None)
-    out = check_out(out_dir, "inpainting.png", "energies.png", "model.npz", "metrics.json")
+    names = ("inpainting.png", "energies.png", "model.npz", "metrics.json")
+    out = check_out(out_dir, *names, overwrite=overwrite)
     start = time.perf_counter()
     train = ea.data.load_digits("train")
     test = ea.data.load_digits("test")
@@ -178,15 +185,17 @@ def run_demo(
         f"training for {plural(train_steps, 'step')}{budget}, batch {batch_size}, AdamW lr "
         f"{learning_rate:g}"
     )
-    trained = ea.models.train_inpainting(
-        model,
-        train_images,
-        key=train_key,
-        train_steps=train_steps,
-        num_masked=num_masked,
-        batch_size=batch_size,
-        options=dataclasses.replace(options, learning_rate=learning_rate),
-    )
+    make_out(out)
+    with interrupt.training():
+        trained = ea.models.train_inpainting(
+            model,
+            train_images,
+            key=train_key,
+            train_steps=train_steps,
+            num_masked=num_masked,
+            batch_size=batch_size,
+            options=dataclasses.replace(options, learning_rate=learning_rate),
+        )
     train_seconds = time.perf_counter() - start
     model = trained.model
     scores = ea.models.evaluate_inpainting(

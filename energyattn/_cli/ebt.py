@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from ..models import TrainOptions
+from . import interrupt
 from .common import (
     add_command,
     add_shared_flags,
     check_out,
     int_at_least,
+    make_out,
     num_parameters,
     plural,
     run,
@@ -84,6 +86,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_ebt_demo,
         args.out,
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         thinking_steps=args.thinking_steps,
         num_test=args.test_digits,
@@ -134,6 +137,7 @@ def run_ebt_demo(
     seed: int = 0,
     options: TrainOptions = OPTIONS,
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train an [`EnergyBasedTransformer`][energyattn.models.EnergyBasedTransformer] and a
     feed-forward [`CausalTransformer`][energyattn.models.CausalTransformer] with the same
@@ -148,7 +152,9 @@ def run_ebt_demo(
     the parameters and the floating-point operations per sequence (XLA's count).
 
     Writes `thinking.png` (error against thinking steps), `completions.png` (completed digits
-    and the energy of each generated row along its descent) and `metrics.json` into `out`.
+    and the energy of each generated row along its descent) and `metrics.json` into `out`
+    (created when training starts; the files of an earlier run there are replaced only with
+    `overwrite`).
     `thinking_grid`, `candidates` and `num_test` (the first held-out digits only; the
     command's `--test-digits`) shrink the evaluation (the tests' quick run). `options` are
     both models' [`TrainOptions`][energyattn.models.TrainOptions] (the learning rate is
@@ -170,7 +176,7 @@ def run_ebt_demo(
     )
     from ..viz import plot_completions, plot_thinking
 
-    out = check_out(out, "thinking.png", "completions.png", "metrics.json")
+    out = check_out(out, "thinking.png", "completions.png", "metrics.json", overwrite=overwrite)
     train = _rows(load_digits("train").images)
     test = _rows(load_digits("test").images)
     if num_test is not None:
@@ -194,6 +200,7 @@ def run_ebt_demo(
         key=jr.key(seed + 1), train_steps=train_steps, batch_size=batch_size, options=options
     )
     trained = {}
+    make_out(out)
     runs: tuple[tuple[str, Any, Callable[..., Any], dict[str, Any]], ...] = (
         (
             "ebt",
@@ -207,7 +214,8 @@ def run_ebt_demo(
         planned = plural(train_steps, "step")
         progress(f"{name}: {num_parameters(model)} parameters; training {planned}")
         began = time.perf_counter()
-        result = fn(model, train, **settings, **extra)
+        with interrupt.training():
+            result = fn(model, train, **settings, **extra)
         seconds = time.perf_counter() - began
         stopped = time_limit_note(result.step, train_steps, options.time_limit)
         done = stopped or f"trained {plural(result.step, 'step')}"

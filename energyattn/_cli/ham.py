@@ -15,12 +15,14 @@ import jax.random as jr
 import numpy as np
 
 from ..models import TrainOptions
+from . import interrupt
 from .common import (
     POSITIVE,
     add_command,
     add_shared_flags,
     check_out,
     int_at_least,
+    make_out,
     num_parameters,
     plural,
     run,
@@ -91,6 +93,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_ham_demo,
         args.out,
         flags="--step-size and --learning-rate",
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         descent_steps=args.descent_steps,
         step_size=args.step_size,
@@ -142,6 +145,7 @@ def run_ham_demo(
     seed: int = 0,
     options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a [`HAMClassifier`][energyattn.models.HAMClassifier] and its same-size
     [`FeedforwardClassifier`][energyattn.models.FeedforwardClassifier] on the shipped digits
@@ -153,7 +157,8 @@ def run_ham_demo(
     Writes `metrics.json`, the trained models (`ham.eqx`, `feedforward.eqx`) and
     `descent.png` (the energy against the descent step for four test digits; the layers'
     activations at the end of the first one's descent) into `out`, checked writable before
-    the data are read.
+    the data are read and created when training starts (the files of an earlier run there
+    are replaced only with `overwrite`).
 
     **Returns:**
 
@@ -172,7 +177,7 @@ def run_ham_demo(
     )
 
     names = ("ham.eqx", "feedforward.eqx", "descent.png", "metrics.json")
-    out = check_out(out, *names)  # before any data, compilation or training
+    out = check_out(out, *names, overwrite=overwrite)  # before any data or compilation
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)[:, None]
     test_images = np.asarray(test.images, np.float32)[:, None]
@@ -204,17 +209,19 @@ def run_ham_demo(
         "test": {},
     }
     trained = {}
+    make_out(out)
     for name, model in models.items():
         began = time.perf_counter()
-        result = train_classifier(
-            model,
-            train_images,
-            train.labels,
-            key=jr.PRNGKey(seed + 1),  # the same batches for both models
-            train_steps=train_steps,
-            batch_size=min(batch_size, len(train.labels)),
-            options=options,
-        )
+        with interrupt.training():
+            result = train_classifier(
+                model,
+                train_images,
+                train.labels,
+                key=jr.PRNGKey(seed + 1),  # the same batches for both models
+                train_steps=train_steps,
+                batch_size=min(batch_size, len(train.labels)),
+                options=options,
+            )
         seconds = time.perf_counter() - began
         trained[name] = result.model
         stopped = time_limit_note(result.step, train_steps, options.time_limit)

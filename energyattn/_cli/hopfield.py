@@ -30,6 +30,7 @@ from .common import (
     add_shared_flags,
     check_out,
     int_at_least,
+    make_out,
     number,
     run,
     say,
@@ -130,6 +131,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run_hopfield_demo,
         args.out,
         flags="--beta",
+        overwrite=args.overwrite,
         num_patterns=args.patterns,
         corruption=args.corruption,
         probes_per_pattern=args.probes,
@@ -215,6 +217,7 @@ def run_hopfield_demo(
     seed: int = 0,
     num_examples: int = 10,
     progress: Callable[[str], Any] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     r"""Store digits in a classical and a modern Hopfield network, corrupt them, retrieve.
 
@@ -236,9 +239,9 @@ def run_hopfield_demo(
     in ten; its misses end near another stored digit. Below $\beta \approx 0.1$ the modern
     network's fixed points become averages of many digits and it stops retrieving.
 
-    Writes into `out_dir` (created if needed, and checked first): `retrieval.png` (rows
-    stored, corrupted, classical, modern), `energies.png` (mean energy per sweep / step)
-    and `metrics.json`.
+    Writes into `out_dir` (checked first, created once the digits are read):
+    `retrieval.png` (rows stored, corrupted, classical, modern), `energies.png` (mean energy
+    per sweep / step) and `metrics.json`.
 
     **Arguments:**
 
@@ -252,6 +255,8 @@ def run_hopfield_demo(
     - `seed`: seed of the corruptions and of the sweep orders.
     - `num_examples`: columns of `retrieval.png`.
     - `progress`: optional callback receiving one line of text per stage.
+    - `overwrite`: replace the files of an earlier run in `out_dir` (else a
+      `FileExistsError` before any work).
 
     **Returns:**
 
@@ -274,7 +279,7 @@ def run_hopfield_demo(
     if not 0.0 <= corruption <= 1.0:
         raise ValueError(f"corruption must be in [0, 1], got {corruption!r}")
     say = progress if progress is not None else (lambda line: None)
-    out = check_out(out_dir, "retrieval.png", "energies.png", "metrics.json")
+    out = check_out(out_dir, "retrieval.png", "energies.png", "metrics.json", overwrite=overwrite)
     start = time.perf_counter()
 
     patterns_np, labels = stored_digits(num_patterns)
@@ -288,6 +293,7 @@ def run_hopfield_demo(
         f"probes_per_pattern={probes_per_pattern} with num_patterns={num_patterns} "
         f"({num_probes} probes)",
     )
+    make_out(out)
     say(
         f"storing {num_patterns} binarised digits of {dim} pixels: load N/d = "
         f"{num_patterns / dim:.2f} (classical capacity ~0.14 d = {0.14 * dim:.0f} random patterns)"

@@ -20,7 +20,16 @@ import numpy as np
 import energyattn as ea
 
 from .._io import atomic_output
-from .common import add_command, add_shared_flags, check_out, int_at_least, run, say, write_metrics
+from .common import (
+    add_command,
+    add_shared_flags,
+    check_out,
+    int_at_least,
+    make_out,
+    run,
+    say,
+    write_metrics,
+)
 from .memory import check_memory
 
 
@@ -73,6 +82,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_landscape_demo,
         args.out,
+        overwrite=args.overwrite,
         num_states=args.states,
         num_memories=args.memories,
         max_dim=args.max_dim,
@@ -179,18 +189,21 @@ def run_landscape_demo(
     num_points: int = 120,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     r"""Draw the seed's flatland figures and its β–d_k contour; write PNGs and `metrics.json`.
 
     **Arguments:**
 
-    - `out_dir`: output folder (created if needed).
+    - `out_dir`: output folder (checked first, created when the work starts).
     - `num_states`, `num_memories`: two-dimensional state and stored patterns (seed: 16, 32).
     - `max_dim`, `num_dims`, `num_scales`: the contour's grid, $d_k$ from 2 to `max_dim` and
       scale from 0.2 to 2 (seed: 1024, 100, 50).
     - `num_points`: grid points per axis of each landscape.
     - `seed`: seed of every pattern and linear map.
     - `progress`: called with one line of text per stage.
+    - `overwrite`: replace the files of an earlier run in `out_dir` (else a
+      `FileExistsError` before any work).
 
     **Returns:**
 
@@ -215,7 +228,8 @@ def run_landscape_demo(
     figures = [f"flatland_{name}.png" for name in SCENARIOS]
     names = ("flatland.png", "flatland_energies.png", "self_attention_contour.png", *figures)
     names += ("self_attention_contour.npz",)
-    out = check_out(out_dir, *names, "metrics.json")
+    out = check_out(out_dir, *names, "metrics.json", overwrite=overwrite)
+    make_out(out)
     start = time.perf_counter()
     k_states, k_stored, k_qkv, k_contour, k_check = jr.split(jr.key(seed), 5)
     states = jr.normal(k_states, (num_states, 2))

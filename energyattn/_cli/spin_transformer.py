@@ -12,10 +12,12 @@ import jax.random as jr
 import numpy as np
 
 from ..models import TrainOptions
+from . import interrupt
 from .common import (
     add_command,
     add_shared_flags,
     check_out,
+    make_out,
     num_parameters,
     plural,
     run,
@@ -76,6 +78,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_smt_demo,
         args.out,
+        overwrite=args.overwrite,
         train_steps=args.train_steps,
         models=tuple(args.models),
         seed=args.seed,
@@ -115,6 +118,7 @@ def run_smt_demo(
     seed: int = 0,
     options: TrainOptions = TrainOptions(),
     progress: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train each model of `models` on scikit-learn's 8x8 digits (fixed 80/20 split) with the
     same front end (convolutional patch embedding, a CLS site, a linear head on its output),
@@ -125,7 +129,8 @@ def run_smt_demo(
     each model untrained, and the majority class.
 
     Writes `metrics.json` and `training_loss.png` into `out` (checked writable before any
-    training). `options` are each model's
+    work, created when training starts; the files of an earlier run there are replaced
+    only with `overwrite`). `options` are each model's
     [`TrainOptions`][energyattn.models.TrainOptions] (a `time_limit` caps each model's
     training).
 
@@ -146,7 +151,8 @@ def run_smt_demo(
     unknown = set(models) - set(MODELS)
     if unknown or not models:
         raise ValueError(f"models must be a non-empty subset of {MODELS}, got {models!r}")
-    out = check_out(out, "training_loss.png", "metrics.json")  # before minutes of training
+    # Before minutes of training:
+    out = check_out(out, "training_loss.png", "metrics.json", overwrite=overwrite)
     train, test = load_digits("train"), load_digits("test")
     train_images = np.asarray(train.images, np.float32)
     test_images = np.asarray(test.images, np.float32)
@@ -164,6 +170,7 @@ def run_smt_demo(
         "models": {},
     }
     curves = {}
+    make_out(out)
     for name in models:
         key = jr.PRNGKey(seed)
         model: MeanFieldClassifier | AttentionClassifier
@@ -179,14 +186,15 @@ def run_smt_demo(
         planned = plural(train_steps, "step")
         progress(f"{TITLES[name]}: {num_params} parameters; training {planned}")
         began = time.perf_counter()
-        result = train_classifier(
-            model,
-            train_images,
-            train.labels,
-            key=jr.PRNGKey(seed + 1),
-            train_steps=train_steps,
-            options=options,
-        )
+        with interrupt.training():
+            result = train_classifier(
+                model,
+                train_images,
+                train.labels,
+                key=jr.PRNGKey(seed + 1),
+                train_steps=train_steps,
+                options=options,
+            )
         seconds = time.perf_counter() - began
         scores = evaluate_classifier(result.model, test_images, test.labels)
         losses = np.asarray(result.losses)

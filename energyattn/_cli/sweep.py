@@ -27,6 +27,7 @@ from .common import (
     add_shared_flags,
     check_out,
     int_at_least,
+    make_out,
     run,
     say,
     write_metrics,
@@ -91,6 +92,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser,
         run_sweep_demo,
         args.out,
+        overwrite=args.overwrite,
         flags="--beta and --betas",
         num_spins=args.spins,
         dim=args.dim,
@@ -126,12 +128,13 @@ def run_sweep_demo(
     num_points: int = 400,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     r"""Sweep $\varphi(t)$ and $\beta$ for one vector-spin system; write PNGs and `metrics.json`.
 
     **Arguments:**
 
-    - `out_dir`: output folder (created if needed).
+    - `out_dir`: output folder (checked first, created when the work starts).
     - `num_spins`, `dim`: the system's size $N$ and spin dimension $D$ (at least 2 of each:
       the fields of spins of dimension 1, a layer norm over one entry, are all zero).
     - `betas`: the inverse temperatures of the sweep, values $> 0$.
@@ -140,6 +143,8 @@ def run_sweep_demo(
     - `num_points`: grid points of the $t$ sweeps.
     - `seed`: seed of the layer's parameters and the inputs.
     - `progress`: called with one line of text per stage.
+    - `overwrite`: replace the files of an earlier run in `out_dir` (else a
+      `FileExistsError` before any work).
 
     **Returns:**
 
@@ -170,7 +175,8 @@ def run_sweep_demo(
         f"num_spins={num_spins}, dim={dim} and num_points={num_points}",
     )
     names = ("phi.png", "beta_sweep.png", "landscape.png", "couplings.png", "metrics.json")
-    out = check_out(out_dir, *names)
+    out = check_out(out_dir, *names, overwrite=overwrite)
+    make_out(out)
     start = time.perf_counter()
     k_layer, k_x = jr.split(jr.key(seed))
     layer = ea.nn.VectorSpinAttention(

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import shape_str
+from .._checks import shape_str, signature_mismatch
 from .._custom_types import Scalar, ScalarLike, State
 
 
@@ -276,6 +276,14 @@ class FunctionEnergy(AbstractEnergy):
     def __init__(self, fn: Callable[[Any, Any], Scalar], name: str | None = None):
         if not callable(fn):
             raise ValueError(f"FunctionEnergy needs a callable, got {type(fn).__name__}")
+        mismatch = signature_mismatch(fn, None, None)
+        if mismatch is not None:
+            # Refused now: descend and the solvers call it as fn(x, args).
+            raise TypeError(
+                "FunctionEnergy needs a function fn(x, args) -> scalar (the state and the "
+                "arguments passed to the solver; ignore args if it needs none, "
+                f"lambda x, args: ...); got {fn!r}: {mismatch}"
+            )
         self.fn = fn
         if name is None:
             name = fn.__name__ if isinstance(fn, types.FunctionType) else type(fn).__name__

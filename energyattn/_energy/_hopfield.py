@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_mask, check_matching_dim, check_positive, check_shape, positive_int
+from .._checks import (
+    check_mask,
+    check_matching_dim,
+    check_positive,
+    check_shape,
+    keyword_arguments,
+    positive_int,
+)
 from .._custom_types import Scalar, ScalarLike
 from .._deprecated import keyword_only
 from .._mask import SegmentIds
@@ -26,6 +33,7 @@ from ._attention import (
 from ._base import AbstractEnergy
 
 
+@keyword_arguments("ea.hopfield_energy")
 def hopfield_energy(
     query: Float[ArrayLike, "seq dim"],
     memory: Float[ArrayLike, "mem dim"],
@@ -158,6 +166,7 @@ class HopfieldEnergy(AbstractEnergy):
     implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
+    @keyword_arguments("ea.HopfieldEnergy")
     def __init__(
         self,
         memory: Float[ArrayLike, "mem dim"],

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_mask, check_matching_dim, check_positive, check_shape
+from .._checks import check_mask, check_matching_dim, check_positive, check_shape, keyword_arguments
 from .._custom_types import Scalar, ScalarLike
 from .._mask import SegmentIds
 from ._attention import (
@@ -30,6 +30,7 @@ def _accumulation_dtype(*arrays: Array) -> Any:
     return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
+@keyword_arguments("ea.transformer_attention_energy")
 def transformer_attention_energy(
     g: Float[ArrayLike, "seq dim"],
     w_query: Float[ArrayLike, "heads head_dim dim"],
@@ -114,6 +115,7 @@ def transformer_attention_energy(
     return -jnp.sum(lse) / beta
 
 
+@keyword_arguments("ea.transformer_memory_energy")
 def transformer_memory_energy(
     g: Float[ArrayLike, "seq dim"],
     memories: Float[ArrayLike, "mem dim"],
@@ -192,6 +194,7 @@ class TransformerAttentionEnergy(AbstractEnergy):
     implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
+    @keyword_arguments("ea.TransformerAttentionEnergy")
     def __init__(
         self,
         w_query: Float[ArrayLike, "heads head_dim dim"],
@@ -249,6 +252,7 @@ class TransformerMemoryEnergy(AbstractEnergy):
     beta: Float[Array, ""]
     kind: MemoryKind = eqx.field(static=True)
 
+    @keyword_arguments("ea.TransformerMemoryEnergy")
     def __init__(
         self,
         memories: Float[ArrayLike, "mem dim"],

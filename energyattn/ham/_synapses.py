@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from .._checks import check_shape, default_dtype, positive_int, shape_str
+from .._checks import check_shape, default_dtype, keyword_arguments, positive_int, shape_str
 from .._custom_types import Scalar
 from .._energy import transformer_attention_energy, transformer_memory_energy
 from .._hyperparameters import hyperparameter, hyperparameter_fields
@@ -185,6 +185,7 @@ class AttentionSynapse(eqx.Module):
     trained_beta: Float[Array, ""] | None
     include_self: bool = eqx.field(static=True)
 
+    @keyword_arguments("ea.ham.AttentionSynapse")
     def __init__(
         self,
         dim: int,
@@ -252,6 +253,7 @@ class HopfieldSynapse(eqx.Module):
     trained_beta: Float[Array, ""] | None
     kind: Literal["relu", "softmax"] = eqx.field(static=True)
 
+    @keyword_arguments("ea.ham.HopfieldSynapse")
     def __init__(
         self,
         dim: int,

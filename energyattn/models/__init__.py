@@ -1,6 +1,7 @@
 """Task models with data, training and evaluation (unbatched; vmap for batches)."""
 
 from .._io import load_checkpoint as load_checkpoint, save_checkpoint as save_checkpoint
+from .._namespace import public_dir as _public_dir
 from ._attractor import (
     AttractorImageModel as AttractorImageModel,
     corrupt_image as corrupt_image,
@@ -53,3 +54,46 @@ from ._vit import (
     TransformerBlock as TransformerBlock,
     train_reconstruction as train_reconstruction,
 )
+
+# The API, as `dir()` lists it (`test_public_namespaces_list_only_their_api` checks it).
+__all__ = [
+    "AttentionClassifier",
+    "AttractorImageModel",
+    "CausalBlock",
+    "CausalTransformer",
+    "EBTContext",
+    "EnergyBasedTransformer",
+    "FeedforwardClassifier",
+    "HAMClassifier",
+    "ImageEnergyTransformer",
+    "MeanFieldClassifier",
+    "PatchTransformer",
+    "ReplayBuffer",
+    "Thought",
+    "TrainOptions",
+    "TrainResult",
+    "TransformerBlock",
+    "causal_attention",
+    "complete",
+    "corrupt_image",
+    "evaluate_classifier",
+    "evaluate_ham_classifier",
+    "evaluate_inpainting",
+    "load_checkpoint",
+    "load_image_et",
+    "lowest_per_position",
+    "make_optimizer",
+    "masked_patch_mse",
+    "next_token_error",
+    "reconstruction_curves",
+    "save_checkpoint",
+    "save_image_et",
+    "thinking_steps_for_training",
+    "train_attractor",
+    "train_classifier",
+    "train_ebt",
+    "train_inpainting",
+    "train_next_token",
+    "train_reconstruction",
+]
+__dir__ = _public_dir(__all__)

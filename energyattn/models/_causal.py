@@ -9,10 +9,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_shape, positive_int, shape_str
+from .._checks import check_finite, check_shape, concrete_value, positive_int, shape_str
 from .._energy import (
     BlockSize,
     attention_logsumexp,
@@ -315,7 +316,24 @@ class CausalTransformer(eqx.Module):
 
 def next_token_error(predictions: Array, x: Array) -> Array:
     """Mean squared error of the predictions of positions `0..seq-2` against tokens `1..seq-1`
-    (the last position has no next token)."""
+    (the last position has no next token).
+
+    `predictions` and the tokens `x` are `(..., seq, token_dim)` with the same last two axes
+    (leading axes broadcast: a batch, candidates); anything else is a `ValueError` naming both
+    shapes."""
+    p_shape, x_shape = np.shape(predictions), np.shape(x)
+    wrong = len(p_shape) < 2 or len(x_shape) < 2 or p_shape[-2:] != x_shape[-2:]
+    if not wrong:
+        try:
+            np.broadcast_shapes(p_shape[:-2], x_shape[:-2])
+        except ValueError:
+            wrong = True
+    if wrong:
+        raise ValueError(
+            "next_token_error needs predictions and tokens x of shape (..., seq, token_dim) "
+            "with the same seq and token_dim (and leading axes that broadcast), got "
+            f"predictions {shape_str(p_shape)} and x {shape_str(x_shape)}"
+        )
     return jnp.mean(jnp.square(predictions[..., :-1, :] - x[..., 1:, :]))
 
 
@@ -333,6 +351,23 @@ def _check_sequences(model: CausalTransformer, sequences: Any, batch_size: int) 
         )
     if positive_int("batch_size", batch_size) > sequences.shape[0]:
         raise ValueError(f"batch_size={batch_size} exceeds the {sequences.shape[0]} sequences")
+    if not jnp.issubdtype(sequences.dtype, jnp.floating):
+        raise ValueError(
+            "sequences must hold float token embeddings (n, seq, token_dim), got dtype "
+            f"{sequences.dtype}"
+        )
+    known = concrete_value(sequences)
+    if known is None:
+        return check_finite("sequences", sequences)
+    bad = ~np.isfinite(known)
+    if np.any(bad):
+        # Named here, before training: inside the loss they would be the context tokens x.
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        count = int(bad.sum())
+        raise ValueError(
+            f"sequences contain NaN or inf ({count} {'entry' if count == 1 else 'entries'}; "
+            f"the first at index {index}, in sequence {index[0]})"
+        )
     return sequences
 
 

@@ -186,6 +186,13 @@ class EnergyBasedTransformer(AbstractEnergy):
         A [`Thought`][energyattn.models.Thought].
         """
         x = self.transformer.check_tokens("x", x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            # The candidates start as noise of the tokens' dtype and descend continuously.
+            raise ValueError(
+                "think needs float token embeddings x of shape (seq, token_dim), got dtype "
+                f"{x.dtype}: embed integer tokens first (e.g. one-hot or a lookup table), "
+                "or cast them, x.astype(float)"
+            )
         num_steps = positive_int("num_steps", num_steps, minimum=0)
         num_candidates = positive_int("num_candidates", num_candidates)
         init_key, noise_key = jr.split(key)

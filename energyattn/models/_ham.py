@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .. import lagrangians
-from .._checks import check_finite, check_positive, positive_int, shape_str
+from .._checks import check_finite, check_positive, keyword_arguments, positive_int, shape_str
 from .._solver import Solution
 from ..ham import HAM, BiasSynapse, ConvSynapse, DenseSynapse, Neurons
 from ._classifier import _check_images
@@ -142,6 +142,7 @@ class HAMClassifier(eqx.Module):
     step_size: float = eqx.field(static=True)
     beta: float = eqx.field(static=True)
 
+    @keyword_arguments("ea.models.HAMClassifier")
     def __init__(
         self,
         image_shape: tuple[int, int, int] = (1, 8, 8),

@@ -14,7 +14,14 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_finite, check_image_shape, default_dtype, positive_int, shape_str
+from .._checks import (
+    check_finite,
+    check_image_shape,
+    default_dtype,
+    keyword_arguments,
+    positive_int,
+    shape_str,
+)
 from .._custom_types import Scalar
 from .._deprecated import renamed_keywords
 from .._io import atomic_output, check_output_file
@@ -65,6 +72,7 @@ class ImageEnergyTransformer(eqx.Module):
     image_shape: tuple[int, int, int] = eqx.field(static=True)
     patch_size: int = eqx.field(static=True)
 
+    @keyword_arguments("ea.models.ImageEnergyTransformer")
     def __init__(
         self,
         image_shape: tuple[int, int, int] = (1, 8, 8),

@@ -13,10 +13,18 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import optax
 from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 
-from .._checks import check_positive, positive_int, python_float, runtime_message
+from .._checks import (
+    check_positive,
+    keyword_arguments,
+    positive_int,
+    python_float,
+    runtime_message,
+    signature_mismatch,
+)
 from .._deprecated import options_keywords, renamed_keywords
 from .._io import check_output_file, load_checkpoint, save_checkpoint
 from .._train import train_step
@@ -109,12 +117,21 @@ class TrainOptions:
         number("weight_decay", allow_zero=True)
         number("clip_norm")
         if self.time_limit is not None:
-            limit = float(self.time_limit)
-            if not limit >= 0:  # NaN included; inf is no limit
+            limit = self.time_limit
+            try:
+                # Numbers only: float() would also read the string "10".
+                seconds = None if isinstance(limit, (bool, str, bytes)) else float(limit)
+            except (TypeError, ValueError):
+                seconds = None
+            if seconds is None:
+                raise ValueError(
+                    f"time_limit must be a number of seconds >= 0 (None: no limit), got {limit!r}"
+                )
+            if not seconds >= 0:  # NaN included; inf is no limit
                 raise ValueError(
                     f"time_limit must be >= 0 seconds (None: no limit), got {self.time_limit!r}"
                 )
-            object.__setattr__(self, "time_limit", limit)
+            object.__setattr__(self, "time_limit", seconds)
         if self.warmup_steps is not None:
             object.__setattr__(
                 self, "warmup_steps", positive_int("warmup_steps", self.warmup_steps, minimum=0)
@@ -124,10 +141,30 @@ class TrainOptions:
         )
         if self.checkpoint is not None and not isinstance(self.checkpoint, (str, os.PathLike)):
             raise TypeError(f"checkpoint must be a path or None, got {self.checkpoint!r}")
-        if self.callback is not None and not callable(self.callback):
-            raise TypeError(
-                f"callback must be callable as callback(step, loss), got {self.callback!r}"
-            )
+        if not isinstance(self.progress, (bool, np.bool_)):
+            raise ValueError(f"progress must be True or False, got {self.progress!r}")
+        object.__setattr__(self, "progress", bool(self.progress))
+        if self.callback is not None:
+            _check_callback(self.callback)
+
+
+def _check_callback(callback: Any) -> None:
+    """A `TypeError` now, not inside training, unless `callback(step, loss)` can be called."""
+    if not callable(callback):
+        raise TypeError(f"callback must be callable as callback(step, loss), got {callback!r}")
+    mismatch = signature_mismatch(callback, 0, 0.0)
+    if mismatch is not None:
+        raise TypeError(
+            "callback must take two positional arguments, callback(step, loss) (the steps "
+            f"done, an int, and the loss, a float); got {callback!r}: {mismatch}"
+        )
+
+
+# Keyword-only fields: a value given by position is refused with a message naming the field
+# (Python's own says only "takes 1 positional argument but 2 were given").
+TrainOptions.__init__ = keyword_arguments("ea.models.TrainOptions")(  # type: ignore[method-assign]
+    TrainOptions.__init__
+)
 
 
 def trainer_keywords(where: str) -> Callable[[_F], _F]:

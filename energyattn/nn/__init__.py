@@ -1,5 +1,6 @@
 """Attention layers (unbatched Equinox modules; use `jax.vmap` for batches)."""
 
+from .._namespace import public_dir as _public_dir
 from ._attractor import (
     AttractorAttention as AttractorAttention,
     normalise_tokens as normalise_tokens,
@@ -23,3 +24,23 @@ from ._mean_field import (
 from ._smt import SpinTransformerAttention as SpinTransformerAttention
 from ._softmax import SoftmaxAttention as SoftmaxAttention
 from ._spin import VectorSpinAttention as VectorSpinAttention
+
+# The API, as `dir()` lists it (`test_public_namespaces_list_only_their_api` checks it).
+__all__ = [
+    "AttractorAttention",
+    "EnergyLayerNorm",
+    "EnergyTransformer",
+    "Hopfield",
+    "HopfieldAttention",
+    "HopfieldHeadsEnergy",
+    "HopfieldLayer",
+    "HopfieldPooling",
+    "MeanFieldAttention",
+    "MeanFieldTransformerBlock",
+    "SoftmaxAttention",
+    "SpinTransformerAttention",
+    "VectorSpinAttention",
+    "normalise_tokens",
+    "self_attention_displacement",
+]
+__dir__ = _public_dir(__all__)

@@ -4,12 +4,14 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from einops import rearrange
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_mask, check_shape, positive_int, shape_str
 from .._mask import SegmentIds
+from .._solver import RESULTS, Solution
 
 
 def resolve_dims(
@@ -102,3 +104,18 @@ def split_heads(x: Float[Array, "seq inner"], num_heads: int) -> Float[Array, "h
 
 def merge_heads(x: Float[Array, "heads seq head_dim"]) -> Float[Array, "seq inner"]:
     return rearrange(x, "h s d -> s (h d)")
+
+
+def empty_descent(x: Float[Array, "0 dim"], num_steps: int, trajectory: bool) -> Solution:
+    """The descent of no tokens (`seq = 0`), as `ea.descend` would report it if it took an
+    empty state (it refuses one): nothing moves, and the energy of no tokens is 0 at every
+    step."""
+    return Solution(
+        value=x,
+        # mypy reads eqx.Enumeration items as str (equinox types them for pyright).
+        result=RESULTS.where(jnp.bool_(True), RESULTS.successful, RESULTS.successful),  # type: ignore[arg-type]
+        num_steps=jnp.full((), num_steps, jnp.int32),
+        residual=jnp.zeros((), x.dtype),
+        energies=jnp.zeros((num_steps + 1,), x.dtype),
+        trajectory=jnp.broadcast_to(x, (num_steps + 1, *x.shape)) if trajectory else None,
+    )

@@ -13,6 +13,7 @@ from .._checks import (
     check_mask,
     check_shape,
     default_dtype,
+    keyword_arguments,
     positive_int,
     python_float,
 )
@@ -32,6 +33,7 @@ from .._energy import (
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._mask import SegmentIds
 from .._solver import Solution, descend, trajectory_flag
+from ._common import empty_descent
 
 
 class EnergyLayerNorm(eqx.Module):
@@ -161,6 +163,7 @@ class EnergyTransformer(eqx.Module):
     memory: Literal["relu", "softmax"] = eqx.field(static=True)
     implementation: Implementation = eqx.field(static=True)
 
+    @keyword_arguments("ea.nn.EnergyTransformer")
     def __init__(
         self,
         dim: int,
@@ -311,12 +314,17 @@ class EnergyTransformer(eqx.Module):
         """
         return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "recall")
         x, mask = self._inputs(x, mask)
+        num_steps = self.num_steps if num_steps is None else num_steps
+        if x.shape[0] == 0:
+            return empty_descent(
+                x, positive_int("num_steps", num_steps, minimum=0), return_trajectory
+            )
         return descend(
             self.as_energy(),
             x,
             mask,
             step_size=self.step_size if step_size is None else step_size,
-            num_steps=self.num_steps if num_steps is None else num_steps,
+            num_steps=num_steps,
             activation=self.layer_norm,
             return_trajectory=return_trajectory,
         )

@@ -8,7 +8,13 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
-from .._checks import default_dtype, error_if_nonfinite, positive_int, python_float
+from .._checks import (
+    default_dtype,
+    error_if_nonfinite,
+    keyword_arguments,
+    positive_int,
+    python_float,
+)
 from .._deprecated import renamed_keywords
 from .._energy import (
     BlockSize,
@@ -22,6 +28,7 @@ from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._mask import SegmentIds
 from .._solver import Solution, descend
 from ._common import (
+    empty_descent,
     linear,
     merge_heads,
     prepare_inputs,
@@ -86,6 +93,7 @@ class HopfieldAttention(eqx.Module):
     implementation: Implementation = eqx.field(static=True)
     block_size: BlockSize = eqx.field(static=True)
 
+    @keyword_arguments("ea.nn.HopfieldAttention")
     def __init__(
         self,
         query_dim: int,
@@ -196,6 +204,8 @@ class HopfieldAttention(eqx.Module):
         def descend_head(
             q: Float[Array, "seq head_dim"], k: Float[Array, "mem head_dim"]
         ) -> Solution:
+            if q.shape[0] == 0:
+                return empty_descent(q, self.num_steps, return_solution)
             energy = HopfieldEnergy(
                 k, beta=self.beta, mask=mask, implementation=method, block_size=self.block_size
             )

@@ -14,6 +14,7 @@ from .._checks import (
     check_mask,
     check_shape,
     default_dtype,
+    keyword_arguments,
     positive_int,
 )
 from .._custom_types import ScalarLike
@@ -83,6 +84,7 @@ class SpinTransformerAttention(eqx.Module):
     start_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
+    @keyword_arguments("ea.nn.SpinTransformerAttention")
     def __init__(
         self,
         dim: int,

@@ -32,6 +32,7 @@ out = attend(layer, xs)  # (batch, seq, dim), sharded over the devices
 ```
 """
 
+from .._namespace import public_dir as _public_dir
 from ._context import (
     context_parallel as context_parallel,
     ring_hopfield_energy as ring_hopfield_energy,
@@ -50,3 +51,20 @@ from ._mesh import (
 )
 from ._multihost import global_batch as global_batch, initialize as initialize
 from ._train_step import sharded_train_step as sharded_train_step
+
+# The API, as `dir()` lists it (the constant METHODS stays importable, unlisted).
+__all__ = [
+    "batch_sharding",
+    "context_parallel",
+    "data_parallel",
+    "global_batch",
+    "initialize",
+    "make_mesh",
+    "pmap_apply",
+    "replicate",
+    "replicated",
+    "ring_hopfield_energy",
+    "shard_batch",
+    "sharded_train_step",
+]
+__dir__ = _public_dir(__all__)

@@ -10,6 +10,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import ArrayLike, Bool, Float
 
+from .._checks import keyword_arguments
 from .._custom_types import Scalar, ScalarLike
 from .._energy import BlockSizes, hopfield_energy_over
 from .._sharding import sequence_parallel
@@ -108,6 +109,7 @@ def _run_context_parallel(run: _InSequence, module: Any, *sequences: Any) -> Any
     return run(module, *sequences)
 
 
+@keyword_arguments("ea.parallel.ring_hopfield_energy")
 def ring_hopfield_energy(
     query: Float[ArrayLike, "seq dim"],
     memory: Float[ArrayLike, "mem dim"],

@@ -17,6 +17,7 @@
 """
 
 from .._deprecated import spin_getattr as __getattr__  # noqa: F401 (old names, deprecated)
+from .._namespace import public_dir as _public_dir
 from . import afem as afem, mean_field as mean_field, smt as smt
 from .afem import (
     PhiEnergy as PhiEnergy,
@@ -31,3 +32,22 @@ from .afem import (
     saddle_point as saddle_point,
     symmetric_couplings as symmetric_couplings,
 )
+
+# The API, as `dir()` lists it (`test_public_namespaces_list_only_their_api` checks it).
+__all__ = [
+    "PhiEnergy",
+    "afem",
+    "free_energy",
+    "input_couplings",
+    "log_partition",
+    "magnetizations",
+    "mean_field",
+    "neumann_series",
+    "phi",
+    "phi_grad",
+    "phi_hessian",
+    "saddle_point",
+    "smt",
+    "symmetric_couplings",
+]
+__dir__ = _public_dir(__all__)

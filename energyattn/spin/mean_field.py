@@ -25,6 +25,7 @@ from jaxtyping import Array, ArrayLike, Float
 from .._checks import check_shape
 from .._energy import AbstractEnergy
 from .._linalg import inverse, solve
+from .._namespace import public_dir
 
 __all__ = [
     "GaussianSpinEnergy",
@@ -392,3 +393,6 @@ def transformer_block_as_mean_field(
     """
     naive = naive_mean_field(x, x, J)
     return naive - jax.vmap(correction)(naive)
+
+
+__dir__ = public_dir(__all__)

@@ -34,9 +34,19 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import check_positive, check_shape, concrete_value, error_if, positive_int
+from .._checks import (
+    check_beta,
+    check_finite,
+    check_positive,
+    check_shape,
+    concrete_value,
+    error_if,
+    keyword_arguments,
+    positive_int,
+)
 from .._custom_types import ScalarLike
 from .._linalg import product
+from .._namespace import public_dir
 from .._solver import (
     DEFAULT_MAX_STEPS,
     RESULTS,
@@ -94,6 +104,21 @@ def _inverse_magnetization(
     return cast(Array, 2 * R2 * m / (beta * (R2 - m_sq)))  # an array, as `m` is
 
 
+def _check_temperature_radius(beta: ScalarLike, R: ScalarLike) -> tuple[Array, Array]:
+    """`beta` (by the spin family's one check) and `R`, each finite and > 0."""
+    return check_beta(beta), check_positive("R", R)
+
+
+def _gamma(theta: Array, beta: ScalarLike, R: ScalarLike) -> Array:
+    return jnp.sqrt(1 + beta**2 * _square_norm(theta)[..., 0] / R**2)
+
+
+def _magnetization(theta: Array, beta: ScalarLike, R: ScalarLike) -> Array:
+    """`magnetization`, unchecked (inside the solves, whose `beta` and `R` were checked)."""
+    return cast(Array, beta * theta / (1 + _gamma(theta, beta, R))[..., None])
+
+
+@keyword_arguments("ea.spin.smt.gamma")
 def gamma(
     theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "..."]:
@@ -115,10 +140,11 @@ def gamma(
 
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
-    theta = jnp.asarray(theta)
-    return jnp.sqrt(1 + beta**2 * _square_norm(theta)[..., 0] / R**2)
+    beta, R = _check_temperature_radius(beta, R)
+    return _gamma(jnp.asarray(theta), beta, R)
 
 
+@keyword_arguments("ea.spin.smt.magnetization")
 def magnetization(
     theta: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "... dim"]:
@@ -140,10 +166,11 @@ def magnetization(
 
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
-    theta = jnp.asarray(theta)
-    return cast(Array, beta * theta / (1 + gamma(theta, beta=beta, R=R))[..., None])
+    beta, R = _check_temperature_radius(beta, R)
+    return _magnetization(jnp.asarray(theta), beta, R)
 
 
+@keyword_arguments("ea.spin.smt.inverse_magnetization")
 def inverse_magnetization(
     m: Float[ArrayLike, "... dim"], *, beta: ScalarLike = 1.0, R: ScalarLike
 ) -> Float[Array, "... dim"]:
@@ -173,6 +200,7 @@ def inverse_magnetization(
 
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
+    beta, R = _check_temperature_radius(beta, R)
     m = jnp.asarray(m)
     m_sq, R2 = _square_norm(m), R**2
     outside = m_sq >= R2  # NaN rows pass: NaN in, NaN out
@@ -183,14 +211,14 @@ def inverse_magnetization(
         )
     elif np.any(known):
         largest = float(np.sqrt(np.max(np.asarray(m_sq)[known])))
-        radius = float(cast(float, R))  # real (mypy reads `Float[ArrayLike, ""]` as any ArrayLike)
         raise ValueError(
-            f"m must have rows of norm < R = {radius:g} (inside the spins' sphere), got a "
-            f"row of norm {largest:g}"
+            f"m must have rows of norm < R = {float(R):g} (inside the "
+            f"spins' sphere), got a row of norm {largest:g}"
         )
     return _inverse_magnetization(m, m_sq, beta, R2)
 
 
+@keyword_arguments("ea.spin.smt.tap_field")
 def tap_field(
     m1: Float[ArrayLike, "spins dim"],
     m0: Float[ArrayLike, "spins dim"],
@@ -251,6 +279,7 @@ def tap_field(
 
         M. Bal, *Spin-model transformers* (2023), its public JAX code.
     """
+    beta, R = _check_temperature_radius(beta, R)
     m1, m0, x, J = (jnp.asarray(a) for a in (m1, m0, x, J))
     return _tap_field(m1, m0, x, J, jnp.square(J), beta=beta, R=R)
 
@@ -325,16 +354,17 @@ def _mean_field_start(
     converges or not."""
     m = m0
     for _ in range(steps):
-        m = magnetization(x + _coupling_product(J, m), beta=beta, R=R)
+        m = _magnetization(x + _coupling_product(J, m), beta, R)
     return m
 
 
 def _tap_map(m: Array, args: tuple) -> Array:
     r"""$\varphi(f(m, m))$; `args` carries $K = J \circ J$, computed once per solve."""
     x, J, K, beta, R = args
-    return magnetization(_tap_field(m, m, x, J, K, beta=beta, R=R), beta=beta, R=R)
+    return _magnetization(_tap_field(m, m, x, J, K, beta=beta, R=R), beta, R)
 
 
+@keyword_arguments("ea.spin.smt.steady_state")
 def steady_state(
     x: Float[ArrayLike, "spins dim"],
     J: Float[ArrayLike, "spins spins"],
@@ -407,8 +437,8 @@ def steady_state(
     x = jnp.asarray(x)
     dtype = jnp.promote_types(x.dtype, jnp.float32)
     x, J = x.astype(dtype), jnp.asarray(J).astype(dtype)
-    beta = check_positive("beta", beta).astype(dtype)
-    R = check_positive("R", R).astype(dtype)
+    beta, R = _check_temperature_radius(beta, R)
+    beta, R = beta.astype(dtype), R.astype(dtype)
     if m0 is None:
         m0 = jnp.full((num_spins, dim), 1 / jnp.sqrt(dim), dtype)
     else:
@@ -416,6 +446,38 @@ def steady_state(
         m0 = jnp.asarray(m0).astype(dtype)
     max_steps = positive_int("max_steps", max_steps)
     start_steps = positive_int("start_steps", start_steps)
+    if throw:
+        # Name the input that holds NaN or inf (with `throw=False` the result code reports
+        # it, per example under vmap).
+        x, J = check_finite("x", x), check_finite("J (the couplings)", J)
+    if num_spins == 0:
+        # No spins: the empty steady state, at once (the solvers need at least one number).
+        return Solution(
+            value=x,
+            result=RESULTS.where(jnp.bool_(True), RESULTS.successful, RESULTS.successful),  # type: ignore[arg-type]
+            num_steps=jnp.zeros((), jnp.int32),
+            residual=jnp.zeros((), dtype),
+        )
+    return _compiled_steady_state(
+        x, J, beta, R, m0, start_steps, solver, adjoint, max_steps, bool(throw)
+    )
+
+
+@eqx.filter_jit
+def _compiled_steady_state(
+    x: Array,
+    J: Array,
+    beta: Array,
+    R: Array,
+    m0: Array,
+    start_steps: int,
+    solver: AbstractIterativeSolver | None,
+    adjoint: AbstractAdjoint | None,
+    max_steps: int,
+    throw: bool,
+) -> Solution:
+    """`steady_state` after its checks, as one compiled program (the start, the solve and
+    the checks of its result; eagerly, each operation ran on its own)."""
     start = _mean_field_start(x, J, m0, beta=beta, R=R, steps=start_steps)
     solution = fixed_point(
         _tap_map,
@@ -437,6 +499,7 @@ def steady_state(
     return solution
 
 
+@keyword_arguments("ea.spin.smt.steady_magnetizations")
 def steady_magnetizations(
     x: Float[ArrayLike, "spins dim"],
     J: Float[ArrayLike, "spins spins"],
@@ -494,3 +557,6 @@ def steady_magnetizations(
         max_steps=max_steps,
         throw=throw,
     ).value
+
+
+__dir__ = public_dir(__all__)

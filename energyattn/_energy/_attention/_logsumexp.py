@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from ..._checks import check_mask, check_matching_dim, check_positive
+from ..._checks import check_mask, check_matching_dim, check_positive, keyword_arguments
 from ..._custom_types import ScalarLike
 from ..._mask import SegmentIds
 from ..._sharding import axis_size, sequence_axis, split_rows
@@ -52,9 +52,10 @@ def lse_rows(
     With `ring = (mesh, axis)`, or when the sequences are split over a mesh axis (the keys'
     `Explicit` type, or an enclosing `ea.parallel.context_parallel`: `_sharding.sequence_axis`),
     the rows are computed context-parallel by `ring_lse`, whatever `method` says."""
-    if k.shape[0] == 0:
+    if k.shape[0] == 0 or q.shape[0] == 0:
         # An empty memory: every row is an empty sum, whose log-sum-exp is defined as 0 (the
-        # rule of a fully masked row), not log(0) = -inf.
+        # rule of a fully masked row), not log(0) = -inf. No queries: no rows, on every
+        # path (the naive answer; the blocks of the other paths need at least one query).
         return jnp.zeros((q.shape[0],), beta.dtype)
     ring = sequence_axis(q, k) if ring is None else ring
     if ring is not None:
@@ -118,6 +119,7 @@ def split_mask(mask, mesh: Mesh | AbstractMesh, axis) -> Any:
     return split_rows(jnp.asarray(mask), mesh, axis, "mask's query")
 
 
+@keyword_arguments("ea.attention_logsumexp")
 def attention_logsumexp(
     query: Float[ArrayLike, "seq dim"],
     keys: Float[ArrayLike, "mem dim"],
