@@ -311,11 +311,12 @@ def _temp_bytes(dump: str) -> dict[int, int]:
     for path in glob.glob(os.path.join(dump, "*after_optimizations-buffer-assignment.txt")):
         spaces: dict[int, int] = {}
         for line in open(path):
-            found = re.match(
-                r"allocation \d+: size (\d+),(?: color (\d+),)? preallocated-temp", line
-            )
+            # "allocation 4: size 7356416, color 1, page 0, preallocated-temp:" (JAX 0.12;
+            # 0.10 writes no page)
+            found = re.match(r"allocation \d+: size (\d+),(.*)\bpreallocated-temp", line)
             if found:
-                space = int(found.group(2) or 0)
+                color = re.search(r"\bcolor (\d+)", found.group(2))
+                space = int(color.group(1)) if color else 0
                 spaces[space] = spaces.get(space, 0) + int(found.group(1))
         if sum(spaces.values()) > sum(best.values()):
             best = spaces

@@ -126,6 +126,7 @@ def test_device_memory_is_linear_in_the_sequence(results, chip):
     }
     for form in device_compile.FORMS:
         small, large = by[(form, 65536)], by[(form, 131072)]
+        assert small > 0, f"{form}: no temporary memory read from the buffer assignment"
         assert large <= 2.2 * small + 1, f"{form}: {small} -> {large} bytes"
 
 
