@@ -28,7 +28,9 @@ from jaxtyping import PyTree
 from ._checks import shape_str
 
 
-def _probe_writable(folder: Path, what: str, path: Path) -> None:
+def probe_writable(folder: Path, what: str, path: Path) -> None:
+    """A `PermissionError` naming the `what` at `path` unless a file can be made in `folder`
+    (probed with a temporary file, removed)."""
     try:
         handle, probe = tempfile.mkstemp(prefix=".energyattn-probe-", dir=folder)
     except OSError as error:
@@ -58,7 +60,7 @@ def check_output_dir(path: str | os.PathLike, *, what: str = "output folder") ->
         raise PermissionError(
             f"cannot create the {what} {str(path)!r} ({error.strerror or error})"
         ) from None
-    _probe_writable(path, what, path)
+    probe_writable(path, what, path)
     return path
 
 
@@ -84,7 +86,7 @@ def check_output_file(
         raise NotADirectoryError(
             f"cannot write the {what} {str(path)!r}: {str(folder)!r} is not a folder"
         )
-    _probe_writable(folder, what, path)
+    probe_writable(folder, what, path)
     return path
 
 

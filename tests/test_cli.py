@@ -438,11 +438,11 @@ def test_ctrl_c_stops_training_after_a_step_and_twice_at_once(case):
             time.sleep(0.2)
             assert process.poll() is None
             process.send_signal(signal.SIGINT)
-        began = time.perf_counter()
-        stdout, stderr = process.communicate(timeout=30)
+        # A hang is a failure: `communicate` raises `TimeoutExpired` past 10 s.
+        stdout, stderr = process.communicate(timeout=10)
     finally:
         process.kill()
-    assert process.returncode == 130 and time.perf_counter() - began < 10
+    assert process.returncode == 130
     assert stderr == "energyattn fake: interrupted\n"
     assert ("stopped after step" in stdout) == (case == "step"), stdout
 

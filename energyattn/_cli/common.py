@@ -8,7 +8,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -242,7 +241,7 @@ def check_out(out: str | os.PathLike, *names: str, overwrite: bool = False) -> P
     and, unless `overwrite`, `FileExistsError` naming `--overwrite` when some of `names`
     exist (an earlier run's files, never replaced without consent). An empty `--out` is a
     `ValueError` (it would write into the current folder)."""
-    from .._io import check_output_dir, check_output_file
+    from .._io import check_output_dir, check_output_file, probe_writable
 
     if not str(out).strip():
         raise ValueError("--out must name a folder, got an empty path")
@@ -254,15 +253,7 @@ def check_out(out: str | os.PathLike, *names: str, overwrite: bool = False) -> P
             raise NotADirectoryError(
                 f"cannot create the output folder {str(folder)!r}: a part of the path is a file"
             )
-        try:
-            handle, probe = tempfile.mkstemp(prefix=".energyattn-probe-", dir=above)
-        except OSError as error:
-            raise PermissionError(
-                f"cannot create the output folder {str(folder)!r}: {str(above)!r} is not "
-                f"writable ({error.strerror or error})"
-            ) from None
-        os.close(handle)
-        os.unlink(probe)
+        probe_writable(above, "output folder", folder)
         return folder
     check_output_dir(folder)  # a folder, writable (it exists: nothing is created)
     for name in names:
