@@ -131,7 +131,7 @@ def test_cli_classify_on_user_mnist_file(tmp_path, capsys):
     )
     assert code == 0
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train_steps"] == 2
+    assert metrics["train_steps"] == 2 and metrics["stopped_by"] is None
     assert metrics["num_parameters"] > 0
     assert 0 <= metrics["test"]["accuracy"] <= 1
     assert "test accuracy" in capsys.readouterr().out

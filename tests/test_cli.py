@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -146,20 +147,37 @@ def test_help(capsys):
     assert "mean-patch baseline" in text
 
 
-def test_demo_trains_evaluates_and_draws(tmp_path, capsys):
+def test_demo_trains_evaluates_and_draws(tmp_path, capsys, monkeypatch):
+    """The demo, stopped by Ctrl-C during its second training step (of 3): it saves what it
+    trained, evaluated and drawn, says so in one line, and exits with 130."""
+    from energyattn._cli import interrupt
+
+    real_step_done = interrupt.step_done
+
+    def ctrl_c_in_the_second_step():
+        done = real_step_done()
+        monkeypatch.setattr(interrupt, "_stop", True)  # what a Ctrl-C in the next step sets
+        return done
+
+    monkeypatch.setattr(interrupt, "step_done", ctrl_c_in_the_second_step)
     out = tmp_path / "demo"
-    # One step: the shortest run works (its learning-rate schedule has no room to decay).
-    argv = ["demo", "--out", str(out), "--train-steps", "1", "--batch-size", "8", "--no-progress"]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
+    argv = ["demo", "--out", str(out), "--train-steps", "3", "--batch-size", "8", "--no-progress"]
+    assert main(argv) == 130
+    printed, err = capsys.readouterr()
+    kept = "energies.png, inpainting.png, metrics.json, model.npz"
+    assert err == (
+        f"energyattn demo: interrupted: stopped after 2 of 3 steps: Ctrl-C; kept {kept} in "
+        f"{out}; no training checkpoint is kept, so a new run starts over\n"
+    )
     assert "test masked-patch MSE (Energy Transformer):" in printed
     assert "test masked-patch MSE (mean-patch baseline):" in printed
     for name in ("inpainting.png", "energies.png"):
         image = matplotlib_image.imread(out / name)
         assert image.ndim == 3 and image.std() > 0.05
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train_steps_done"] == 1 and metrics["num_masked"] == 4
-    assert metrics["stopped_by_time_limit"] is False and "stopped after" not in printed
+    assert metrics["train_steps_done"] == 2 and metrics["num_masked"] == 4
+    assert metrics["stopped_by"] == "Ctrl-C" and "stopped after 2 of 3 steps: Ctrl-C" in printed
+    assert metrics["compile_seconds"] > 0 and metrics["train_seconds"] > 0
     lines = [line for line in printed.splitlines() if line.strip()]
     assert len(lines) == len(set(lines)), "a line is printed twice"
     assert not list(out.glob(".*partial*")), "a temporary file was left behind"
@@ -403,16 +421,21 @@ interrupt.describe(lambda: "energyattn fake: interrupted")
 if sys.argv[1] == "compiling":
     print("compiling", flush=True)
     time.sleep(60)
+with interrupt.training():
+    for step in range(1, 100_000):
+        time.sleep(60 if sys.argv[1] == "long" and step == 2 else 0.01)
+        if interrupt.step_done():
+            break
+        if step == 1:
+            print("training", flush=True)
+print(f"stopped after step {step}; saving", flush=True)
 try:
-    with interrupt.training():
-        for step in range(1, 100_000):
-            time.sleep(60 if sys.argv[1] == "long" and step == 2 else 0.01)
-            interrupt.between_steps(step, 0.0)
-            if step == 1:
-                print("training", flush=True)
+    with interrupt.training():  # a second model: not trained after a Ctrl-C
+        print("trained another model", flush=True)
 except KeyboardInterrupt:
+    pass
+if interrupt.stop_requested():
     interrupt.report()
-    print(f"stopped after step {step}", flush=True)
     sys.exit(interrupt.STATUS)
 """
 
@@ -420,9 +443,10 @@ except KeyboardInterrupt:
 @needs_proc
 @pytest.mark.parametrize("case", ["step", "long", "compiling"])
 def test_ctrl_c_stops_training_after_a_step_and_twice_at_once(case):
-    """Between training steps the first Ctrl-C stops the run after the step (the command
-    then prints its line); a second one, or one outside the steps (compilation), ends the
-    process at once, with one line and status 130."""
+    """Between training steps the first Ctrl-C stops the run after the step (it says so;
+    the command then saves what it has, trains no other model and prints its line); a
+    second one, or one outside the steps (compilation), ends the process at once, with one
+    line and status 130."""
     from energyattn._cli import interrupt
 
     process = subprocess.Popen(
@@ -443,18 +467,28 @@ def test_ctrl_c_stops_training_after_a_step_and_twice_at_once(case):
     finally:
         process.kill()
     assert process.returncode == 130
-    assert stderr == "energyattn fake: interrupted\n"
+    stopping = "energyattn: Ctrl-C: stopping after this training step, then saving what was "
+    stopping += "trained (Ctrl-C again to quit at once)\n"
+    assert stderr == (stopping if case != "compiling" else "") + "energyattn fake: interrupted\n"
     assert ("stopped after step" in stdout) == (case == "step"), stdout
+    assert "trained another model" not in stdout
 
 
-def test_time_limit_note():
-    from energyattn._cli.common import time_limit_note
+def test_stop_note():
+    from energyattn._cli.common import stop_note, stopped_by
 
-    assert (
-        time_limit_note(1412, 2000, 150.0) == "stopped after 1412 of 2000 steps: 150 s time limit"
-    )
-    assert time_limit_note(2000, 2000, 150.0) is None
-    assert time_limit_note(10, 2000, None) is None
+    def result(step, stopped):
+        return types.SimpleNamespace(step=step, stopped_by=stopped)
+
+    note = "stopped after 412 of 1000 steps: 300 s time limit"
+    assert stop_note(result(412, "time_limit"), 1000, 300.0) == note
+    assert stop_note(result(3, "callback"), 1000, 300.0) == "stopped after 3 of 1000 steps: Ctrl-C"
+    assert stop_note(result(1000, None), 1000, 300.0) is None
+    assert [stopped_by(result(1, why)) for why in ("time_limit", "callback", None)] == [
+        "time limit",
+        "Ctrl-C",
+        None,
+    ]
 
 
 # ---------------------------------------------------------------- viz

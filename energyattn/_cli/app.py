@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     The exit status: 0 on success, 1 when the command cannot run here (its output folder
     cannot be written or holds an earlier run's files and `--overwrite` is not given, an
     extra or a data file is missing: one line on stderr says which), 130 when Ctrl-C stopped
-    it (one line on stderr says after which step, and which output files it had written).
+    it (one line on stderr says after which step, and which output files it had written: a
+    Ctrl-C during training stops it after the step, and the command saves what was trained).
     Bad arguments exit through argparse (`SystemExit(2)`). Run as `python -m energyattn` (or
     the `energyattn` script), Ctrl-C is handled as `interrupt` describes: it stops training
     after a step, and anything else at once.
@@ -64,10 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     avoid_xla_cpu_ynn_fusions()
     before = output_files(args.out)
-    common.last_said = None
+    common.last_said = common.last_stop = None
     interrupt.describe(lambda: interrupted(args.command, args.out, before))
     try:
-        return args.run(args)
+        status = args.run(args)
+        if interrupt.stop_requested():  # the training stopped early; its results are saved
+            interrupt.report()
+            return interrupt.STATUS
+        return status
     except KeyboardInterrupt:
         # One line instead of a traceback through JAX and Equinox.
         interrupt.report()

@@ -279,9 +279,9 @@ def run_attractor_demo(
         )
     attractor = result.model
     metrics["attractor_train_seconds"] = time.perf_counter() - began
-    metrics["attractor_train_steps"] = train_steps
+    metrics["attractor_train_steps"] = result.step
     progress(
-        f"attractor network: {train_steps} pseudo-likelihood steps in "
+        f"attractor network: {result.step} pseudo-likelihood steps in "
         f"{metrics['attractor_train_seconds']:.1f} s (final loss {float(result.losses[-1]):.3f})"
     )
 

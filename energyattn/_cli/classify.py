@@ -21,7 +21,8 @@ from .common import (
     plural,
     run,
     say,
-    time_limit_note,
+    stop_note,
+    stopped_by,
     training_options,
     write_metrics,
 )
@@ -143,7 +144,7 @@ def run_classify_demo(
             options=options,
         )
     train_seconds = time.perf_counter() - began
-    stopped = time_limit_note(result.step, train_steps, options.time_limit)
+    stopped = stop_note(result, train_steps, options.time_limit)
     if stopped:
         progress(stopped)
     scores = evaluate_classifier(result.model, np.asarray(test.images, np.float32), test.labels)
@@ -154,7 +155,7 @@ def run_classify_demo(
         "num_parameters": int(num_params),
         "train_steps_planned": train_steps,
         "train_steps": int(result.step),
-        "stopped_by_time_limit": stopped is not None,
+        "stopped_by": stopped_by(result),
         "time_limit": options.time_limit,
         "train_seconds": train_seconds,
         "final_train_loss": float(result.losses[-1]) if result.losses.size else None,

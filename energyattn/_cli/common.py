@@ -152,18 +152,20 @@ def add_shared_flags(
 def training_options(args: argparse.Namespace, base: TrainOptions = TrainOptions()) -> TrainOptions:
     """The [`TrainOptions`][energyattn.models.TrainOptions] of a command: `base` (the
     command's own defaults) with what its flags set, `--learning-rate`, `--time-limit` and
-    `--no-progress`, where it has them, and `interrupt.between_steps` as callback (after
-    `base`'s own), so that Ctrl-C stops training after a step (inside `interrupt.training`)."""
+    `--no-progress`, where it has them, and a callback (after `base`'s own) that stops the
+    training after the step in which Ctrl-C came (inside `interrupt.training`)."""
     flags = vars(args)
-    given: dict[str, Any] = {"callback": interrupt.between_steps}
-    if base.callback is not None:
-        first = base.callback
+    first = base.callback
 
-        def both(step: int, loss: float) -> None:
+    def callback(step: int, loss: float) -> None:
+        if first is not None:
             first(step, loss)
-            interrupt.between_steps(step, loss)
+        if interrupt.step_done():
+            from ..models import StopTraining
 
-        given["callback"] = both
+            raise StopTraining
+
+    given: dict[str, Any] = {"callback": callback}
     if "learning_rate" in flags:
         given["learning_rate"] = flags["learning_rate"]
     if "time_limit" in flags:
@@ -217,7 +219,10 @@ def interrupted(command: str, out: str | os.PathLike, before: dict[str, tuple[in
     and which output files it wrote (whole ones: every file is written atomically), given the
     folder's `output_files` before it started. No command checkpoints its training."""
     written = sorted(name for name, stamp in output_files(out).items() if before.get(name) != stamp)
-    where = f" after {last_said.strip()!r}" if last_said else ""
+    if last_stop is not None:  # the training stopped after a step; the command saved it
+        where = f": {last_stop}"
+    else:
+        where = f" after {last_said.strip()!r}" if last_said else ""
     kept = f"kept {', '.join(written)} in {out}" if written else f"wrote nothing to {out}"
     return (
         f"energyattn {command}: interrupted{where}; {kept}; no training checkpoint is kept, so a "
@@ -311,11 +316,28 @@ def run(
         parser.error(str(error))
 
 
-def time_limit_note(done: int, planned: int, time_limit: float | None) -> str | None:
-    """The line saying that a time limit cut training short, or `None` when it did not."""
-    if time_limit is None or done >= planned:
+def stopped_by(result: Any) -> str | None:
+    """What cut a training (a [`TrainResult`][energyattn.models.TrainResult]) short, as
+    metrics.json says it: `"time limit"`, `"Ctrl-C"` (the commands' only callback that stops
+    training), or `None` when it finished."""
+    return {None: None, "time_limit": "time limit", "callback": "Ctrl-C"}[result.stopped_by]
+
+
+#: The running command's `stop_note` for a training that Ctrl-C stopped (its `interrupted`
+#: line says it).
+last_stop: str | None = None
+
+
+def stop_note(result: Any, planned: int, time_limit: float | None) -> str | None:
+    """The line saying what cut a training (a [`TrainResult`][energyattn.models.TrainResult])
+    short, a time limit or Ctrl-C, or `None` when it finished."""
+    global last_stop
+    if result.stopped_by is None:
         return None
-    return f"stopped after {done} of {planned} steps: {time_limit:g} s time limit"
+    if result.stopped_by == "callback":
+        last_stop = f"stopped after {result.step} of {planned} steps: Ctrl-C"
+        return last_stop
+    return f"stopped after {result.step} of {planned} steps: {time_limit:g} s time limit"
 
 
 def strict_json(value: Any) -> Any:

@@ -23,7 +23,8 @@ from .common import (
     plural,
     run,
     say,
-    time_limit_note,
+    stop_note,
+    stopped_by,
     training_options,
     write_metrics,
 )
@@ -217,10 +218,10 @@ def run_ebt_demo(
         with interrupt.training():
             result = fn(model, train, **settings, **extra)
         seconds = time.perf_counter() - began
-        stopped = time_limit_note(result.step, train_steps, options.time_limit)
+        stopped = stop_note(result, train_steps, options.time_limit)
         done = stopped or f"trained {plural(result.step, 'step')}"
         progress(f"{name}: {done} ({seconds:.1f} s)")
-        trained[name] = (result, seconds, stopped)
+        trained[name] = (result, seconds)
     ebt, ff = trained["ebt"][0].model, trained["feed_forward"][0].model
 
     x = jnp.asarray(test)
@@ -237,12 +238,12 @@ def run_ebt_demo(
         "num_test": len(test),
         "models": {},
     }
-    for name, (result, seconds, stopped) in trained.items():
+    for name, (result, seconds) in trained.items():
         losses = np.asarray(result.losses)
         metrics["models"][name] = {
             "num_parameters": num_parameters(result.model),
             "train_steps": int(result.step),
-            "stopped_by_time_limit": stopped is not None,
+            "stopped_by": stopped_by(result),
             "train_seconds": seconds,
             "final_train_loss": float(np.mean(losses[-25:])) if losses.size else None,
         }

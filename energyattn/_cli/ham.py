@@ -27,7 +27,8 @@ from .common import (
     plural,
     run,
     say,
-    time_limit_note,
+    stop_note,
+    stopped_by,
     training_options,
     write_metrics,
 )
@@ -205,7 +206,7 @@ def run_ham_demo(
         "train_steps": {},
         "train_seconds": {},
         "final_train_loss": {},
-        "stopped_by_time_limit": {},
+        "stopped_by": {},
         "test": {},
     }
     trained = {}
@@ -224,11 +225,11 @@ def run_ham_demo(
             )
         seconds = time.perf_counter() - began
         trained[name] = result.model
-        stopped = time_limit_note(result.step, train_steps, options.time_limit)
+        stopped = stop_note(result, train_steps, options.time_limit)
         metrics["train_steps"][name] = int(result.step)
         metrics["train_seconds"][name] = seconds
         metrics["final_train_loss"][name] = float(result.losses[-1]) if result.losses.size else None
-        metrics["stopped_by_time_limit"][name] = stopped is not None
+        metrics["stopped_by"][name] = stopped_by(result)
         progress(f"{TITLES[name]}: {plural(result.step, 'step')} in {seconds:.1f} s")
         if stopped:
             progress(stopped)

@@ -17,11 +17,13 @@ when the process is the command, else from `energyattn/__main__.py`):
   saying that the command was starting) and calls `os._exit(130)`, which never unwinds the
   main thread through XLA nor runs the interpreter's teardown.
 - While training steps run (inside `training()`, from the end of the first step on, so not
-  while that step compiles), the first Ctrl-C only asks the run to stop: `between_steps`,
-  the `TrainOptions.callback` that `common.training_options` adds, raises
-  `KeyboardInterrupt` after the current step, where no XLA call is in progress. It unwinds
-  to `app.main`, which prints the command's line (`report`) and returns 130. A second
-  Ctrl-C ends the process at once.
+  while that step compiles), the first Ctrl-C only asks the run to stop, and says so on
+  stderr: after the current step, where no XLA call is in progress, `step_done` returns
+  `True` and the `TrainOptions.callback` that `common.training_options` adds raises
+  `StopTraining`. The trainer returns what it has, the command evaluates and saves it as
+  after a time limit (a later `training()` of the same command raises `KeyboardInterrupt`
+  instead of training another model), and `app.main` then prints the command's line
+  (`report`) and returns 130. A second Ctrl-C ends the process at once.
 
 A plain signal handler makes the same decisions in the main thread where SIGINT reaches it
 anyway: on platforms without `pthread_sigmask` (Windows), and when a thread started before
@@ -100,6 +102,10 @@ def _on_ctrl_c() -> None:
     with _lock:
         if _stepping and not _stop:
             _stop = True
+            _write(
+                "energyattn: Ctrl-C: stopping after this training step, then saving what was "
+                "trained (Ctrl-C again to quit at once)"
+            )
             return
     exit_now()
 
@@ -157,30 +163,38 @@ def exit_now() -> None:
         os._exit(STATUS)
 
 
-def between_steps(step: int, loss: float) -> None:
-    """A `TrainOptions.callback`: the step is done; raise `KeyboardInterrupt` when a Ctrl-C
-    asked the training to stop, else let the next Ctrl-C wait for the next step."""
+def step_done() -> bool:
+    """Called after each training step (by the command's `TrainOptions.callback`): `True`
+    when a Ctrl-C asked the training to stop (the caller then ends it); else the next Ctrl-C
+    may wait for the next step."""
     global _stepping
     with _lock:
         if _stop:
-            raise KeyboardInterrupt
+            return True
         _stepping = True
+        return False
+
+
+def stop_requested() -> bool:
+    """Whether a Ctrl-C asked the running command's training to stop."""
+    with _lock:
+        return _stop
 
 
 @contextlib.contextmanager
 def training() -> Iterator[None]:
-    """Around one trainer call whose options have `between_steps` as callback: Ctrl-C during
-    its steps stops it after the current step; outside (its compilation, what follows it)
-    Ctrl-C exits at once. A Ctrl-C after the last step's callback raises at the end."""
+    """Around one trainer call whose options' callback ends the training when `step_done`
+    says so: Ctrl-C during its steps stops it after the current step; outside (its
+    compilation, what follows it) Ctrl-C exits at once. Entered after a Ctrl-C stopped an
+    earlier training of the command, it raises `KeyboardInterrupt`: nothing more is trained."""
     global _stepping
+    if stop_requested():
+        raise KeyboardInterrupt
     try:
         yield
     finally:
         with _lock:
             _stepping = False
-            stop = _stop
-    if stop:
-        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

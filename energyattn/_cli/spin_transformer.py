@@ -22,7 +22,8 @@ from .common import (
     plural,
     run,
     say,
-    time_limit_note,
+    stop_note,
+    stopped_by,
     training_options,
     write_metrics,
 )
@@ -198,14 +199,14 @@ def run_smt_demo(
         seconds = time.perf_counter() - began
         scores = evaluate_classifier(result.model, test_images, test.labels)
         losses = np.asarray(result.losses)
-        stopped = time_limit_note(result.step, train_steps, options.time_limit)
+        stopped = stop_note(result, train_steps, options.time_limit)
         done = stopped or f"trained {plural(result.step, 'step')}"
         progress(f"{TITLES[name]}: {done} ({seconds:.1f} s)")
         curves[TITLES[name]] = _smoothed(losses, 25)
         metrics["models"][name] = {
             "num_parameters": num_params,
             "train_steps": int(result.step),
-            "stopped_by_time_limit": stopped is not None,
+            "stopped_by": stopped_by(result),
             "train_seconds": seconds,
             "final_train_loss": float(np.mean(losses[-25:])) if losses.size else None,
             "test": scores,

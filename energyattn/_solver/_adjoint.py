@@ -39,7 +39,7 @@ from ._iterate import (
     no_grad,
 )
 from ._linear import AbstractLinearSolver, AutoLinearSolver
-from ._solution import RESULTS, Solution, finish
+from ._solution import RESULTS, Solution, Y, finish
 
 
 class AbstractAdjoint(eqx.Module):
@@ -293,7 +293,7 @@ DEFAULT_MAX_STEPS = 256
 def solve_problem(
     kind: type[AbstractProblem],
     fn: Callable,
-    y0: State,
+    y0: Y,
     args: Any,
     *,
     solver: AbstractIterativeSolver,
@@ -304,7 +304,7 @@ def solve_problem(
     y0_name: str,
     check: Callable[[Solution], Solution] | None = None,
     aux: Callable[[State, Any], Any] | None = None,
-) -> Solution:
+) -> Solution[Y]:
     """The public entry points' common path: check once, flatten, solve, unflatten, raise.
 
     `check` may amend the unflattened solution (its result code) before the runtime raise;

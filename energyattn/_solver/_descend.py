@@ -28,7 +28,7 @@ from .._checks import (
 from .._custom_types import Scalar, ScalarLike, State
 from .._deprecated import renamed_keywords
 from ._iterate import check_energy_output, check_initial, rms
-from ._solution import RESULTS, Solution
+from ._solution import RESULTS, Solution, Y
 
 
 def collect_history(
@@ -63,7 +63,7 @@ def trajectory_flag(return_trajectory: bool, save_trajectory: bool | None, name:
 @renamed_keywords("ea.descend", x0="y0")
 def descend(
     energy: Callable[..., Scalar],
-    y0: State,
+    y0: Y,
     args: Any = None,
     *,
     step_size: ScalarLike | PyTree[ScalarLike],
@@ -75,7 +75,7 @@ def descend(
     noise_scale: ScalarLike | None = None,
     key: PRNGKeyArray | None = None,
     save_trajectory: bool | None = None,
-) -> Solution:
+) -> Solution[Y]:
     r"""Fixed-step gradient descent on an energy, unrolled in `jax.lax.scan`.
 
     $$x_{t+1} = x_t - \alpha\, \nabla_g E(g, \text{args})\big|_{g = g(x_t)}

@@ -48,7 +48,7 @@ from ._adjoint import (
     split_aux,
 )
 from ._iterate import AbstractIterativeSolver, AbstractProblem, FixedPointProblem, Flat, rms
-from ._solution import RESULTS, Solution
+from ._solution import RESULTS, Solution, Y
 
 
 class _Best(NamedTuple):
@@ -315,7 +315,7 @@ class Anderson(AbstractFixedPointSolver):
 @compiled
 def fixed_point(
     fn: Callable[[State, Any], State],
-    y0: State,
+    y0: Y,
     args: Any = None,
     *,
     solver: AbstractFixedPointSolver | AbstractIterativeSolver | None = None,
@@ -323,7 +323,7 @@ def fixed_point(
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     has_aux: bool = False,
-) -> Solution:
+) -> Solution[Y]:
     r"""Solve $y^* = f(y^*, \text{args})$, differentiably to any order.
 
     [`Anderson`][energyattn.Anderson] (default) and [`Picard`][energyattn.Picard] stop when

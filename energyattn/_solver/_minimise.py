@@ -30,7 +30,7 @@ from ._iterate import (
     no_grad,
 )
 from ._linesearch import AbstractLineSearchSolver
-from ._solution import RESULTS, Solution
+from ._solution import RESULTS, Solution, Y
 
 
 class _Pairs(NamedTuple):
@@ -162,7 +162,7 @@ class LBFGS(AbstractLineSearchSolver):
 @compiled
 def minimise(
     energy: Callable[[State, Any], Float[Array, ""]],
-    y0: State,
+    y0: Y,
     args: Any = None,
     *,
     solver: AbstractIterativeSolver | None = None,
@@ -171,7 +171,7 @@ def minimise(
     step_size: float | None = None,
     throw: bool = True,
     has_aux: bool = False,
-) -> Solution:
+) -> Solution[Y]:
     r"""Minimise an energy, $x^* = \arg\min_x E(x, \text{args})$, differentiably to any order.
 
     By default with [`LBFGS`][energyattn.LBFGS]; [`Newton`][energyattn.Newton] uses the

@@ -38,7 +38,7 @@ from ._iterate import (
 from ._krylov import minimum_direction, root_direction
 from ._linear import DENSE_LIMIT, FACTOR_CHECK
 from ._linesearch import AbstractLineSearchSolver, Trial
-from ._solution import RESULTS, Solution
+from ._solution import RESULTS, Solution, Y
 
 #: The most diagonal shifts tried when a Hessian is not positive definite.
 _MAX_SHIFTS = 40
@@ -302,7 +302,7 @@ def _jacobian_moves(problem: AbstractProblem, args: Any, y: Array, root: Array) 
 @compiled
 def root_find(
     fn: Callable[[State, Any], State],
-    y0: State,
+    y0: Y,
     args: Any = None,
     *,
     solver: AbstractIterativeSolver | None = None,
@@ -310,7 +310,7 @@ def root_find(
     max_steps: int = DEFAULT_MAX_STEPS,
     throw: bool = True,
     has_aux: bool = False,
-) -> Solution:
+) -> Solution[Y]:
     r"""Solve $F(y^*, \text{args}) = 0$, differentiably to any order.
 
     $$F(y^*) = 0,\qquad \dot y^* = -\left(\partial_y F\right)^{-1}\partial_{\text{args}}F\;

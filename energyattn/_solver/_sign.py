@@ -37,7 +37,7 @@ def sign_descend(
     key: PRNGKeyArray | None = None,
     return_trajectory: bool = False,
     save_trajectory: bool | None = None,
-) -> Solution:
+) -> Solution[Float[Array, " dim"]]:
     r"""Sign dynamics of a discrete Hopfield network on ±1 states.
 
     Each unit takes the sign that gives the lower energy, everything else fixed:

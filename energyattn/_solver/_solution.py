@@ -1,13 +1,15 @@
 """What every solver returns: `Solution`, with a `RESULTS` code (tier 3 of errors)."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._custom_types import State
+#: The type of a solve's initial guess, which its solution's `value` has too (each solver
+#: checks the guess itself: a pytree of floating-point arrays).
+Y = TypeVar("Y")
 
 
 class RESULTS(eqx.Enumeration):
@@ -75,12 +77,13 @@ class RESULTS(eqx.Enumeration):
     )
 
 
-class Solution(eqx.Module):
+class Solution(eqx.Module, Generic[Y]):
     """The result of a solver: a fixed point, root, minimum, saddle point or descent.
 
     **Attributes:**
 
-    - `value`: the solution (same structure as the initial guess).
+    - `value`: the solution (same structure and type as the initial guess: a solve of
+      `y0: jax.Array` is typed `Solution[jax.Array]`).
     - `result`: a [`RESULTS`][energyattn.RESULTS] code; `RESULTS.successful` when converged.
     - `num_steps`: the number of steps taken (an integer array; per example under `vmap`).
     - `residual`: the size of the last step or residual, in the solver's own stopping measure.
@@ -94,7 +97,7 @@ class Solution(eqx.Module):
       through `value`'s implicit derivatives); `None` otherwise.
     """
 
-    value: State
+    value: Y
     result: RESULTS
     num_steps: Int[Array, ""]
     residual: Float[Array, ""]
@@ -105,7 +108,7 @@ class Solution(eqx.Module):
         energies: Float[Array, " steps"] = eqx.field(default=None)
     else:
         energies: Float[Array, " steps"] | None = None
-    trajectory: State | None = None
+    trajectory: Y | None = None
     aux: Any = None
 
     @property

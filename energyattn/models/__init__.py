@@ -45,6 +45,7 @@ from ._image_et import (
 )
 from ._replay import ReplayBuffer as ReplayBuffer
 from ._training import (
+    StopTraining as StopTraining,
     TrainOptions as TrainOptions,
     TrainResult as TrainResult,
     make_optimizer as make_optimizer,
@@ -69,6 +70,7 @@ __all__ = [
     "MeanFieldClassifier",
     "PatchTransformer",
     "ReplayBuffer",
+    "StopTraining",
     "Thought",
     "TrainOptions",
     "TrainResult",

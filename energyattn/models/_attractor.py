@@ -1,6 +1,7 @@
 """The attractor image model: spin-embedded patches, bare self-attention dynamics,
 pseudo-likelihood training, and the masked-prediction / denoising tasks of the paper."""
 
+import dataclasses
 from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import equinox as eqx
@@ -291,9 +292,7 @@ def train_attractor(
         project=_project_couplings,
     )
     trained = eqx.tree_at(lambda m: m.attention, model, result.model)
-    return TrainResult(
-        model=trained, losses=result.losses, step=result.step, finished=result.finished
-    )
+    return dataclasses.replace(result, model=trained)
 
 
 def reconstruction_curves(

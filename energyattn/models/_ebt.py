@@ -1,6 +1,7 @@
 """Energy-based transformers: a causal transformer that scores (context, candidate) pairs with
 an energy, predictions refined by descending it ("thinking"), training through the descent."""
 
+import dataclasses
 import math
 from typing import Any, cast
 
@@ -518,7 +519,7 @@ def train_ebt(
     )
     if isinstance(result.state, ReplayBuffer):
         return result
-    return TrainResult(result.model, result.losses, result.step, result.finished, None)
+    return dataclasses.replace(result, state=None)
 
 
 def complete(

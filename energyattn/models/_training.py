@@ -88,7 +88,8 @@ class TrainOptions:
       training step is compiled first, so compilation does not count.
     - `progress`: show a progress bar (default `True`; needs tqdm, in the `examples` extra).
     - `callback`: an optional `callback(step, loss)` called after every step, `step`
-      counting the steps done.
+      counting the steps done; it may raise [`StopTraining`][energyattn.models.StopTraining]
+      to end the training there.
 
     Every trainer raises `FloatingPointError` naming the step when training diverges (a NaN
     or infinite loss, or parameters): the losses are checked every few steps, before every
@@ -241,6 +242,30 @@ def _optimizer(
     )
 
 
+class StopTraining(Exception):
+    """Raised by a [`TrainOptions`][energyattn.models.TrainOptions] `callback` to end the
+    training after the step it was called for, keeping that step: the trainer then saves its
+    checkpoint (if it has one) and returns what it has, with `finished=False` and
+    `stopped_by="callback"`, like a time limit does.
+
+    ```python
+    def enough(step, loss):
+        if loss < 1.0:
+            raise ea.models.StopTraining
+
+    digits = ea.data.load_digits("train")
+    model = ea.models.AttentionClassifier(
+        "softmax", dim=8, num_heads=2, conv_channels=4, key=jr.key(0)
+    )
+    result = ea.models.train_classifier(
+        model, digits.images[:64], digits.labels[:64], key=jr.key(1), train_steps=50,
+        batch_size=16, options=ea.models.TrainOptions(callback=enough, progress=False),
+    )
+    assert result.finished or result.stopped_by == "callback"
+    ```
+    """
+
+
 class TrainResult(eqx.Module):
     """What every `ea.models.train_*` returns.
 
@@ -249,9 +274,16 @@ class TrainResult(eqx.Module):
     - `model`: the trained model.
     - `losses`: the training loss of every step run in this call, shape `(steps_run,)`.
     - `step`: the number of optimisation steps done in total (including resumed ones).
-    - `finished`: whether `step == train_steps` (`False` when the time limit stopped it).
+    - `finished`: whether `step == train_steps`.
     - `state`: what the loss carried from step to step (e.g. an energy-based transformer's
       replay buffer), or `None`.
+    - `stopped_by`: why training ended before `train_steps`: `"time_limit"` (the options'
+      `time_limit` was spent) or `"callback"` (the callback raised
+      [`StopTraining`][energyattn.models.StopTraining]); `None` when it finished.
+    - `compile_seconds`: the wall-clock seconds spent compiling the training step (done
+      before the first step; 0 when no step was left to run).
+    - `train_seconds`: the wall-clock seconds of the training steps, compilation excluded
+      (what `time_limit` counts).
     """
 
     model: Any
@@ -259,6 +291,9 @@ class TrainResult(eqx.Module):
     step: int
     finished: bool
     state: Any = None
+    stopped_by: str | None = None
+    compile_seconds: float = 0.0
+    train_seconds: float = 0.0
 
 
 def _progress(total: int, initial: int, enabled: bool) -> Any:
@@ -390,7 +425,8 @@ def fit(
         args = (loss_fn, optimizer, params, static, opt_state, *carried, jr.fold_in(key, step))
         return (*args, data, config), dict(project=project, has_state=state is not None)
 
-    if time_limit is not None and start < train_steps:
+    compiling = time.perf_counter()
+    if start < train_steps:
         # The time limit counts training, not compilation: compile the step ahead of time
         # (JAX keeps the executable for the calls below), then start the clock.
         args, kwargs = step_arguments(start)
@@ -399,9 +435,11 @@ def fit(
     began = time.perf_counter()
     bar = _progress(train_steps, start, options.progress)
     step = start
+    stopped_by = None
     try:
         while step < train_steps:
             if time_limit is not None and time.perf_counter() - began > time_limit:
+                stopped_by = "time_limit"
                 break
             try:
                 args, kwargs = step_arguments(step)
@@ -433,10 +471,15 @@ def fit(
             if step % options.checkpoint_every == 0:
                 save(step)
             if callback is not None:
-                callback(step, float(loss))
+                try:
+                    callback(step, float(loss))
+                except StopTraining:
+                    stopped_by = "callback" if step < train_steps else None
+                    break
     finally:
         if bar is not None:
             bar.close()
+    ended = time.perf_counter()
     done = step
     if checkpoint is None:
         verify(done, parameters=True)
@@ -448,4 +491,7 @@ def fit(
         step=done,
         finished=done == train_steps,
         state=state,
+        stopped_by=stopped_by,
+        compile_seconds=began - compiling,
+        train_seconds=ended - began,
     )
