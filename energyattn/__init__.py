@@ -23,7 +23,6 @@ from . import (
     spin as spin,
     viz as viz,
 )
-from ._deprecated import __getattr__ as __getattr__
 from ._energy import (
     BLOCKWISE_THRESHOLD as BLOCKWISE_THRESHOLD,
     AbstractEnergy as AbstractEnergy,

@@ -91,7 +91,7 @@ def test_zero_steps(problem):
     assert descent.trajectory.shape == (1, 4)
 
 
-def test_solution_fields_and_the_deprecated_spelling(problem):
+def test_solution_fields(problem):
     args, x0 = problem
     descent = descend(quadratic, x0, args, step_size=0.1, num_steps=3)
     assert descent.result == ea.RESULTS.successful and int(descent.num_steps) == 3
@@ -100,9 +100,6 @@ def test_solution_fields_and_the_deprecated_spelling(problem):
     x2 = descend(quadratic, x0, args, step_size=0.1, num_steps=2).value
     step = np.asarray(descent.value) - np.asarray(x2)
     np.testing.assert_allclose(descent.residual, np.sqrt(np.mean(step**2)))
-    with pytest.warns(DeprecationWarning, match="return_trajectory"):
-        old = ea.descend(quadratic, x0, args, step_size=0.1, num_steps=3, save_trajectory=True)
-    assert old.trajectory.shape == (4, 4)
 
 
 def test_activation_steps_in_x_with_gradient_at_g(problem):

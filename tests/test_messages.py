@@ -334,6 +334,12 @@ BAD_INPUT = {
         TypeError,
         "ea.hopfield_energy takes beta by keyword",
     ),
+    "spin.saddle_point positional beta and t0": (
+        lambda: ea.spin.saddle_point(np.zeros((3, 3)), np.ones((3, 2)), 0.7, np.ones(3)),
+        TypeError,
+        "ea.spin.saddle_point takes beta and t0 by keyword: pass beta=..., t0=... (its "
+        "positional arguments are J, H)",
+    ),
     "lagrangians.softmax positional beta": (
         lambda: ea.lagrangians.softmax(np.ones(3), 2.0),
         TypeError,
@@ -502,8 +508,7 @@ def test_public_namespaces_list_only_their_api(name):
 
 def test_every_keyword_only_beta_names_itself_by_position():
     """Every public callable with a keyword-only `beta` refuses it by position with a message
-    naming it (or, for the older names, accepts it with a DeprecationWarning naming it):
-    never Python's own "takes 2 positional arguments but 3 were given"."""
+    naming it: never Python's own "takes 2 positional arguments but 3 were given"."""
     import inspect
 
     unchecked = []

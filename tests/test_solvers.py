@@ -1,8 +1,6 @@
 """The solver engine: `ea.fixed_point`, `ea.root_find`, `ea.minimise`, their solvers, result
 codes, linear solvers and adjoints (first and second derivatives, forward and reverse)."""
 
-import warnings
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -780,13 +778,6 @@ def test_bad_arguments(user_mode):
         ea.minimise(lambda x, _: jnp.sum(x**2), jnp.zeros(3), solver=ea.Picard(), step_size=0.0)
     with pytest.raises(ValueError, match="step_size applies to fixed-point solvers"):
         ea.minimise(lambda x, _: jnp.sum(x**2), jnp.zeros(3), step_size=0.1)
-
-
-def test_descent_is_a_deprecated_alias_of_solution():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert ea.Descent is ea.Solution
-    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
 
 
 def test_derivatives_with_respect_to_python_floats():

@@ -17,7 +17,6 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import Scalar, ScalarLike
-from .._deprecated import keyword_only
 from .._mask import SegmentIds
 from .._sharding import split_rows
 from ._attention import (
@@ -339,7 +338,7 @@ class ExponentialSeparation(eqx.Module):
 
     beta: Float[Array, ""]
 
-    @keyword_only("ea.ExponentialSeparation", "beta")
+    @keyword_arguments("ea.ExponentialSeparation")
     def __init__(self, *, beta: ScalarLike = 1.0):
         self.beta = check_positive("beta", beta)
 

@@ -8,7 +8,7 @@ from ._adjoint import (
     UnrolledAdjoint as UnrolledAdjoint,
     implicit_value as implicit_value,
 )
-from ._descend import descend as descend, trajectory_flag as trajectory_flag
+from ._descend import descend as descend
 from ._fixed_point import (
     AbstractFixedPointSolver as AbstractFixedPointSolver,
     Anderson as Anderson,

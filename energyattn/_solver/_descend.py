@@ -6,7 +6,6 @@ nothing); it returns the same [`Solution`][energyattn.Solution], with the energy
 step in `Solution.energies`.
 """
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,6 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import Scalar, ScalarLike, State
-from .._deprecated import renamed_keywords
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution, Y
 
@@ -47,20 +45,6 @@ def collect_history(
     return energies, trajectory
 
 
-def trajectory_flag(return_trajectory: bool, save_trajectory: bool | None, name: str) -> bool:
-    """`return_trajectory`, or the deprecated `save_trajectory` spelling of it."""
-    if save_trajectory is None:
-        return bool(return_trajectory)
-    warnings.warn(
-        f"{name}(save_trajectory=...) is deprecated: use return_trajectory=..., the one name "
-        "for it across energyattn",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return bool(save_trajectory or return_trajectory)
-
-
-@renamed_keywords("ea.descend", x0="y0")
 def descend(
     energy: Callable[..., Scalar],
     y0: Y,
@@ -74,7 +58,6 @@ def descend(
     throw: bool = True,
     noise_scale: ScalarLike | None = None,
     key: PRNGKeyArray | None = None,
-    save_trajectory: bool | None = None,
 ) -> Solution[Y]:
     r"""Fixed-step gradient descent on an energy, unrolled in `jax.lax.scan`.
 
@@ -124,7 +107,6 @@ def descend(
     - `noise_scale`: optional $\sigma \ge 0$ of Langevin noise added after every step
       (default none: plain descent); needs `key`.
     - `key`: a JAX PRNG key for the noise (only with `noise_scale`).
-    - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
     **Returns:**
 
@@ -140,7 +122,6 @@ def descend(
         Langevin dynamics as in A. Gladstone et al., *Energy-Based Transformers are Scalable
         Learners and Thinkers* (2025).
     """
-    return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "ea.descend")
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_steps = positive_int("num_steps", num_steps, minimum=0)

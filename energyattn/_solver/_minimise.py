@@ -10,7 +10,6 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
-from .._deprecated import renamed_keywords
 from ._adjoint import (
     DEFAULT_MAX_STEPS,
     AbstractAdjoint,
@@ -158,7 +157,6 @@ class LBFGS(AbstractLineSearchSolver):
         return y, state.size, stats, {}
 
 
-@renamed_keywords("ea.minimise", x0="y0")
 @compiled
 def minimise(
     energy: Callable[[State, Any], Float[Array, ""]],

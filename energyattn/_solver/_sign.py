@@ -12,8 +12,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._checks import check_shape, concrete_value, positive_int
 from .._custom_types import Scalar
-from .._deprecated import renamed_keywords
-from ._descend import collect_history, trajectory_flag
+from ._descend import collect_history
 from ._iterate import check_energy_output, ok_result
 from ._solution import Solution
 
@@ -26,7 +25,6 @@ def _flip_choice(energy: Callable, s: Array, i: Array, args: Any) -> Array:
     return jnp.where(e_plus < e_minus, 1.0, jnp.where(e_minus < e_plus, -1.0, s[i])).astype(s.dtype)
 
 
-@renamed_keywords("ea.sign_descend", s0="y0")
 def sign_descend(
     energy: Callable[[Float[Array, " dim"], Any], Scalar],
     y0: Float[Array, " dim"],
@@ -36,7 +34,6 @@ def sign_descend(
     synchronous: bool = False,
     key: PRNGKeyArray | None = None,
     return_trajectory: bool = False,
-    save_trajectory: bool | None = None,
 ) -> Solution[Float[Array, " dim"]]:
     r"""Sign dynamics of a discrete Hopfield network on ±1 states.
 
@@ -63,7 +60,6 @@ def sign_descend(
     - `synchronous`: update all units at once.
     - `key`: optional PRNG key for a random unit order in each asynchronous sweep.
     - `return_trajectory`: also return the state after every sweep.
-    - `save_trajectory`: deprecated spelling of `return_trajectory`.
 
     **Returns:**
 
@@ -76,7 +72,6 @@ def sign_descend(
         M. Bal, *An Energy-Based Perspective on Attention Mechanisms in Transformers* (2020),
         "Classical discrete Hopfield networks" and "Modern discrete Hopfield networks".
     """
-    return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "ea.sign_descend")
     if not callable(energy):
         raise ValueError(f"energy must be callable, got {type(energy).__name__}")
     num_sweeps = positive_int("num_sweeps", num_sweeps, minimum=0)

@@ -15,7 +15,7 @@ from .._checks import check_image_shape, check_pixels, num_corrupted, positive_i
 from .._custom_types import Normalisation, Scalar, ScalarLike
 from ..data import SpinPatchEmbedding, add_rescaled_noise, patchify, random_patch_mask, unpatchify
 from ..nn import AttractorAttention
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 Task = Literal["masked", "denoise"]
 TASKS: tuple[Task, ...] = ("masked", "denoise")
@@ -226,7 +226,6 @@ def _project_couplings(params: PyTree, static: PyTree) -> PyTree:
     return eqx.filter(layer, eqx.is_inexact_array)
 
 
-@trainer_keywords("ea.models.train_attractor")
 def train_attractor(
     model: AttractorImageModel,
     images: Float[ArrayLike, "n channels height width"],

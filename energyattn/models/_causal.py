@@ -22,7 +22,7 @@ from .._energy import (
     select_implementation,
 )
 from .._sharding import sequence_axis
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 Implementation = Literal["auto", "naive", "blockwise", "pallas"]
 _Module = TypeVar("_Module", bound=eqx.Module)
@@ -382,7 +382,6 @@ def _next_token_loss(
     return next_token_error(jax.vmap(model)(x), x)
 
 
-@trainer_keywords("ea.models.train_next_token")
 def train_next_token(
     model: CausalTransformer,
     sequences: Float[ArrayLike, "n seq token_dim"],

@@ -14,7 +14,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 from .._checks import check_finite, check_image_shape, positive_int, shape_str
 from .._solver import RESULTS, Solution, ok_result
 from ..nn import MeanFieldAttention, SoftmaxAttention, SpinTransformerAttention
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 
 def _patch_sites(model: Any, image: Any) -> Float[Array, "sites dim"]:
@@ -258,7 +258,6 @@ def _check_images(
     return images, labels
 
 
-@trainer_keywords("ea.models.train_classifier")
 def train_classifier(
     model: eqx.Module,
     images: Float[ArrayLike, "n ..."],

@@ -29,7 +29,7 @@ from ._causal import (
     next_token_error,
 )
 from ._replay import ReplayBuffer
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 
 class EnergyBasedTransformer(AbstractEnergy):
@@ -424,7 +424,6 @@ def _probability(name: str, value: Any) -> float:
     return python_float(name, value, allow_zero=True)
 
 
-@trainer_keywords("ea.models.train_ebt")
 def train_ebt(
     model: EnergyBasedTransformer,
     sequences: Float[ArrayLike, "n seq token_dim"],

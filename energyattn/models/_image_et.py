@@ -23,12 +23,11 @@ from .._checks import (
     shape_str,
 )
 from .._custom_types import Scalar
-from .._deprecated import renamed_keywords
 from .._io import atomic_output, check_output_file
 from .._solver import Solution
 from ..data import patchify, random_patch_mask, unpatchify
 from ..nn import EnergyTransformer
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 
 class ImageEnergyTransformer(eqx.Module):
@@ -201,7 +200,6 @@ class ImageEnergyTransformer(eqx.Module):
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "channels height width"], Solution]: ...
 
-    @renamed_keywords("ea.models.ImageEnergyTransformer", return_trajectory="return_solution")
     def __call__(
         self,
         image: Float[ArrayLike, "channels height width"],
@@ -601,7 +599,6 @@ def _inpainting_loss(
     return jnp.mean(losses)
 
 
-@trainer_keywords("ea.models.train_inpainting")
 def train_inpainting(
     model: ImageEnergyTransformer,
     images: Float[ArrayLike, "n channels height width"],

@@ -7,7 +7,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -25,11 +25,8 @@ from .._checks import (
     runtime_message,
     signature_mismatch,
 )
-from .._deprecated import options_keywords, renamed_keywords
 from .._io import check_output_file, load_checkpoint, save_checkpoint
 from .._train import train_step
-
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -168,19 +165,6 @@ TrainOptions.__init__ = keyword_arguments("ea.models.TrainOptions")(  # type: ig
 )
 
 
-def trainer_keywords(where: str) -> Callable[[_F], _F]:
-    """The old spellings of a call of the trainer `where`, kept working for one release with
-    a `DeprecationWarning`: its training options as keywords (now `options=TrainOptions(...)`)
-    and `num_steps=` (now `train_steps=`)."""
-
-    def wrap(fn: _F) -> _F:
-        gathered = options_keywords(where, TrainOptions, "ea.models.TrainOptions")(fn)
-        return renamed_keywords(where, num_steps="train_steps")(gathered)
-
-    return wrap
-
-
-@renamed_keywords("ea.models.make_optimizer", num_steps="train_steps")
 def make_optimizer(
     learning_rate: float,
     *,

@@ -12,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray, PyTree
 from .._checks import check_image_shape, positive_int
 from ..data import patchify, unpatchify
 from ._attractor import Task, _check_images, _check_task, corrupt_image
-from ._training import TrainOptions, TrainResult, fit, trainer_keywords
+from ._training import TrainOptions, TrainResult, fit
 
 
 class TransformerBlock(eqx.Module):
@@ -189,7 +189,6 @@ def _reconstruction_loss(
     return jnp.mean(jnp.square(outputs - batch))
 
 
-@trainer_keywords("ea.models.train_reconstruction")
 def train_reconstruction(
     model: PatchTransformer,
     images: Float[ArrayLike, "n channels height width"],

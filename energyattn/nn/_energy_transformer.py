@@ -18,7 +18,6 @@ from .._checks import (
     python_float,
 )
 from .._custom_types import Scalar
-from .._deprecated import renamed_keywords
 from .._energy import (
     Implementation,
     SumEnergy,
@@ -32,7 +31,7 @@ from .._energy import (
 )
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._mask import SegmentIds
-from .._solver import Solution, descend, trajectory_flag
+from .._solver import Solution, descend
 from ._common import empty_descent
 
 
@@ -295,7 +294,6 @@ class EnergyTransformer(eqx.Module):
         step_size: float | None = None,
         num_steps: int | None = None,
         return_trajectory: bool = False,
-        save_trajectory: bool | None = None,
     ) -> Solution:
         """Run the dynamics with [`descend`][energyattn.descend] (activation = the layer norm).
 
@@ -304,15 +302,13 @@ class EnergyTransformer(eqx.Module):
         - `x`: initial tokens $x_0$, shape `(seq, dim)`.
         - `mask`: optional boolean `(seq, seq)` attention mask.
         - `step_size`, `num_steps`: override the module's $\\alpha$ and $T$.
-        - `return_trajectory`: keep every state $x_t$ (`save_trajectory` is its deprecated
-          spelling).
+        - `return_trajectory`: keep every state $x_t$.
 
         **Returns:**
 
         A [`Solution`][energyattn.Solution]: final tokens $x_T$, the energy $E(g_t)$ at every
         step (`energies`), and optionally the states (`trajectory`).
         """
-        return_trajectory = trajectory_flag(return_trajectory, save_trajectory, "recall")
         x, mask = self._inputs(x, mask)
         num_steps = self.num_steps if num_steps is None else num_steps
         if x.shape[0] == 0:
@@ -349,7 +345,6 @@ class EnergyTransformer(eqx.Module):
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq dim"], Solution]: ...
 
-    @renamed_keywords("ea.nn.EnergyTransformer", return_trajectory="return_solution")
     def __call__(
         self,
         x: Float[ArrayLike, "seq dim"],

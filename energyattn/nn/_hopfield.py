@@ -15,7 +15,6 @@ from .._checks import (
     positive_int,
     python_float,
 )
-from .._deprecated import renamed_keywords
 from .._energy import (
     BlockSize,
     HopfieldEnergy,
@@ -158,7 +157,6 @@ class HopfieldAttention(eqx.Module):
         key: PRNGKeyArray | None = None,
     ) -> tuple[Float[Array, "seq query_dim"], Solution]: ...
 
-    @renamed_keywords("ea.nn.HopfieldAttention", return_trajectory="return_solution")
     def __call__(
         self,
         x: Float[ArrayLike, "seq query_dim"],

@@ -37,11 +37,11 @@ from .._checks import (
     check_values,
     concrete_value,
     default_dtype,
+    keyword_arguments,
     positive_int,
     shape_str,
 )
 from .._custom_types import Scalar
-from .._deprecated import keyword_only
 from .._energy import AbstractEnergy, hopfield_energy
 from .._solver import (
     MinimiseProblem,
@@ -83,7 +83,7 @@ class HopfieldHeadsEnergy(AbstractEnergy):
     beta: Float[Array, " heads"]
     mask: Bool[Array, "seq stored"] | None
 
-    @keyword_only("ea.nn.HopfieldHeadsEnergy", "beta", "mask")
+    @keyword_arguments("ea.nn.HopfieldHeadsEnergy")
     def __init__(
         self,
         keys: Float[Array, "heads stored dim"],

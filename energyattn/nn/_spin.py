@@ -9,9 +9,14 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from .._checks import check_finite, check_shape, default_dtype, positive_int
+from .._checks import (
+    check_finite,
+    check_shape,
+    default_dtype,
+    keyword_arguments,
+    positive_int,
+)
 from .._custom_types import ScalarLike
-from .._deprecated import keyword_only
 from .._hyperparameters import hyperparameter, hyperparameter_fields
 from .._solver import DEFAULT_MAX_STEPS, Newton, Solution
 from ..spin.afem import Mode, check_mode, input_couplings, magnetizations, symmetric_couplings
@@ -79,7 +84,7 @@ class VectorSpinAttention(eqx.Module):
     max_steps: int = eqx.field(static=True)
     throw: bool = eqx.field(static=True)
 
-    @keyword_only("ea.nn.VectorSpinAttention", "beta")
+    @keyword_arguments("ea.nn.VectorSpinAttention")
     def __init__(
         self,
         num_spins: int,

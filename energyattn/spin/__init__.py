@@ -16,7 +16,6 @@
 `beta` is keyword-only. Everything is unbatched; use `jax.vmap` for batches.
 """
 
-from .._deprecated import spin_getattr as __getattr__  # noqa: F401 (old names, deprecated)
 from .._namespace import public_dir as _public_dir
 from . import afem as afem, mean_field as mean_field, smt as smt
 from .afem import (

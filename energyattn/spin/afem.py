@@ -58,9 +58,8 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import check_beta, check_finite, check_shape, positive_int
+from .._checks import check_beta, check_finite, check_shape, keyword_arguments, positive_int
 from .._custom_types import Scalar, ScalarLike
-from .._deprecated import keyword_only
 from .._energy import AbstractEnergy
 from .._linalg import upper_cholesky
 from .._namespace import public_dir
@@ -378,7 +377,7 @@ def _prepare(
     return _as_tp(t, mode, H.dtype), J, H, beta, mode
 
 
-@keyword_only("ea.spin.phi", "beta")
+@keyword_arguments("ea.spin.phi")
 def phi(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
@@ -450,7 +449,7 @@ def _compiled_grad_hess(
     return grad, hess
 
 
-@keyword_only("ea.spin.phi_grad", "beta")
+@keyword_arguments("ea.spin.phi_grad")
 def phi_grad(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
@@ -482,7 +481,7 @@ def phi_grad(
     return _checked_grad_hess(t, J, H, beta, mode)[0]
 
 
-@keyword_only("ea.spin.phi_hessian", "beta")
+@keyword_arguments("ea.spin.phi_hessian")
 def phi_hessian(
     t: Float[ArrayLike, " spins"] | ScalarLike,
     J: Float[ArrayLike, "spins spins"],
@@ -539,7 +538,7 @@ class PhiEnergy(AbstractEnergy):
     beta: Float[Array, ""]
     mode: Mode = eqx.field(static=True)
 
-    @keyword_only("ea.spin.PhiEnergy", "beta")
+    @keyword_arguments("ea.spin.PhiEnergy")
     def __init__(
         self,
         J: Float[ArrayLike, "spins spins"],
@@ -921,7 +920,7 @@ def _log_z(saddle: _Saddle, J: Array, H: Array, beta: Array, throw: bool) -> Sca
     return -0.5 * num_spins * (1 + jnp.log(2 * beta)) + phi
 
 
-@keyword_only("ea.spin.saddle_point", "beta", "t0")
+@keyword_arguments("ea.spin.saddle_point")
 def saddle_point(
     J: Float[ArrayLike, "spins spins"],
     H: Float[ArrayLike, "spins dim"],
@@ -1011,7 +1010,7 @@ def _compiled_saddle_point(
     return _public(eqx.tree_at(lambda s: s.value, saddle.solution, tp), mode)
 
 
-@keyword_only("ea.spin.log_partition", "beta", "t0")
+@keyword_arguments("ea.spin.log_partition")
 def log_partition(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
@@ -1071,7 +1070,7 @@ def _compiled_log_partition(
     return _log_z(saddle, J, H, beta, throw)
 
 
-@keyword_only("ea.spin.free_energy", "beta", "t0")
+@keyword_arguments("ea.spin.free_energy")
 def free_energy(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
@@ -1159,7 +1158,7 @@ def magnetizations(
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]: ...
 
 
-@keyword_only("ea.spin.magnetizations", "beta", "t0")
+@keyword_arguments("ea.spin.magnetizations")
 def magnetizations(
     J: Couplings,
     H: Float[ArrayLike, "spins dim"],
@@ -1237,7 +1236,7 @@ def _compiled_magnetizations(
     return m
 
 
-@keyword_only("ea.spin.neumann_series", "beta")
+@keyword_arguments("ea.spin.neumann_series")
 def neumann_series(
     t: Float[ArrayLike, " spins"],
     J: Float[ArrayLike, "spins spins"],

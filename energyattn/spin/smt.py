@@ -17,9 +17,8 @@ implicitly ([`steady_state`][energyattn.spin.smt.steady_state]); its value
 one head of [`ea.nn.SpinTransformerAttention`][energyattn.nn.SpinTransformerAttention].
 
 This $\varphi$ is a magnetization map, not the AFEM free-energy function
-[`ea.spin.phi`][energyattn.spin.phi]; the names here say which is which (the old
-`ea.spin.smt_*` names are deprecated). Everything acts row-wise on `(spins, dim)` arrays;
-unbatched (use `jax.vmap` for batches).
+[`ea.spin.phi`][energyattn.spin.phi]; the names here say which is which. Everything acts
+row-wise on `(spins, dim)` arrays; unbatched (use `jax.vmap` for batches).
 
 ??? cite "Source"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .._deprecated import keyword_only
+from .._checks import keyword_arguments
 from ._figure import new_figure, save
 from ._spin_numbers import (
     phi_on_scalar_grid,
@@ -51,7 +51,7 @@ def _t_grid(J: Any, t_star: float, t_range: Any, num_points: int) -> np.ndarray:
     return np.linspace(low, high, num_points)
 
 
-@keyword_only("ea.viz.plot_spin_phi", "beta", "path")
+@keyword_arguments("ea.viz.plot_spin_phi")
 def plot_spin_phi(
     J: Any,
     H: Any,
@@ -200,7 +200,7 @@ def plot_spin_beta_sweep(
     return save(figure, path, title, fontsize=11)
 
 
-@keyword_only("ea.viz.plot_spin_landscape", "beta", "path")
+@keyword_arguments("ea.viz.plot_spin_landscape")
 def plot_spin_landscape(
     J: Any,
     H: Any,
