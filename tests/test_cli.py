@@ -193,6 +193,25 @@ def test_demo_trains_evaluates_and_draws(tmp_path, capsys, monkeypatch):
     assert not reloaded.transformer.include_self and reloaded.transformer.num_steps == 12
 
 
+def test_the_demo_warns_when_its_time_limit_stops_the_training():
+    from energyattn._cli.demo import time_limit_warning
+
+    metrics = {
+        "stopped_by": "time limit",
+        "time_limit": 300.0,
+        "train_steps_done": 1200,
+        "train_steps_planned": 2500,
+        "train_seconds": 300.4,
+    }
+    assert time_limit_warning(metrics) == (
+        "energyattn demo: WARNING: the 300 s time limit stopped the training after 1200 of "
+        "2500 steps (0.250 s per step on this host): the MSE below is not the demo's reference "
+        "result. Raise --time-limit to train every step."
+    )
+    for other in (None, "Ctrl-C"):
+        assert time_limit_warning({**metrics, "stopped_by": other}) is None
+
+
 def test_run_demo_bad_input(user_mode, tmp_path):
     with pytest.raises(ValueError, match="masked_fraction"):
         run_demo(tmp_path, masked_fraction=1.0)

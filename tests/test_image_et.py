@@ -471,9 +471,9 @@ def test_training_improves_held_out_inpainting():
 
 
 def test_shipped_trained_model_beats_mean_patch_baseline():
-    """The demo's model (`python -m energyattn demo --train-steps 2500`, seed 0), saved as
-    tests/fixtures/et_digits.npz: on held-out digits with 4 of 16 patches masked its MSE is
-    >= 30% below the baseline."""
+    """The demo's model trained longer (`python -m energyattn demo --train-steps 2500
+    --batch-size 64`, seed 0), saved as tests/fixtures/et_digits.npz: on held-out digits
+    with 4 of 16 patches masked its MSE is >= 30% below the baseline."""
     model = ea.models.load_image_et(
         FIXTURES / "et_digits.npz", image_shape=(1, 8, 8), patch_size=2, include_self=False
     )

@@ -428,6 +428,14 @@ def _signed_sqrt(y, _):  # the exact root 0, where the Jacobian is infinite
     return jnp.sign(y) * jnp.sqrt(jnp.abs(y))
 
 
+def _cube(y, _):  # a triple root: Newton's steps shrink by 2/3, the error is twice the step
+    return y**3
+
+
+def _fifth(y, _):  # rate 4/5; F (1e-20) and the merit (1e-40) reach round-off first
+    return y**5
+
+
 @eqx.filter_jit  # one program for the solves
 def _edge_solves():
     y0 = jnp.zeros(2, F32)
@@ -435,11 +443,12 @@ def _edge_solves():
     # Both kinks in one L-BFGS program (each minimisation compiles for seconds).
     kinks = jax.vmap(lambda c: ea.minimise(_kinks, y0, c, throw=False))(jnp.array([0, 1], F32))
     roots = [ea.root_find(_signed_sqrt, jnp.ones(2, F32), solver=s, throw=False) for s in ROOTS]
-    return fixed, kinks, roots
+    multiple = [ea.root_find(f, jnp.ones(2, F32), throw=False) for f in (_cube, _fifth)]
+    return fixed, kinks, roots, multiple
 
 
 def test_success_only_at_solutions_and_exact_solutions_succeed(user_mode):
-    fixed, kinks, roots = _edge_solves()
+    fixed, kinks, roots, multiple = _edge_solves()
     # A slow contraction: success only where the error (not the residual) is within the
     # tolerance, else `max_steps_reached` (Anderson once stopped at an error of 2.3e-3).
     tol = 2 * float(np.finfo(np.float32).eps) ** 0.6
@@ -459,6 +468,13 @@ def test_success_only_at_solutions_and_exact_solutions_succeed(user_mode):
     for solver, sol in zip(ROOTS, roots, strict=True):
         assert sol.result == ea.RESULTS.successful, repr(solver)
         np.testing.assert_allclose(sol.value, 0, atol=1e-10, err_msg=repr(solver))
+    # Newton at a multiple root converges linearly: it stops on the error its step rate
+    # implies, not on the step (which once left an error of 1.3e-4 at y**3, 2.6e-4 at
+    # y**5). The fifth power stops on round-off of the merit, within 1.5 times.
+    tol = float(np.finfo(np.float32).eps) ** 0.6
+    for sol, bound in zip(multiple, (tol, 1.5 * tol), strict=True):
+        assert sol.result == ea.RESULTS.successful
+        assert np.max(np.abs(np.asarray(sol.value))) <= bound, sol.value
 
 
 def _root_of(a, solver=None, adjoint=None, throw=False):

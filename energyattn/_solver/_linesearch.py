@@ -203,7 +203,12 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
     One pass: search along the current direction (the first pass only evaluates the start),
     then propose the next direction at the accepted point and test convergence on its size,
 
-    $$\\operatorname{rms}(d_k) \\le \\text{atol} + \\text{rtol}\\,\\operatorname{rms}(y_k),$$
+    $$\\operatorname{rms}(d_k)\\,\\max\\Big(1, \\frac{\\rho_k}{1 - \\rho_k}\\Big) \\le
+      \\text{atol} + \\text{rtol}\\,\\operatorname{rms}(y_k),\\qquad
+      \\rho_k = \\frac{\\operatorname{rms}(d_k)}{\\operatorname{rms}(d_{k-1})}$$
+
+    (the estimated error left where the steps shrink linearly, as Newton's do at a multiple
+    root; $\\rho_k \\ge 1$ never stops this way),
 
     or, when round-off stops the steps from shrinking, $\\operatorname{rms}(d_k) \\le
     \\sqrt{\\text{tol}}$ without having halved since the last pass. Minimisation is on the
@@ -484,7 +489,15 @@ class AbstractLineSearchSolver(AbstractIterativeSolver):
         roundoff = jnp.sqrt(float(jnp.finfo(y.dtype).eps))
         flat = state.point.f - point.f <= roundoff * jnp.maximum(state.point.scale, point.scale)
         floor = (size <= jnp.sqrt(tol)) & (size > 0.5 * state.size) & flat
-        small = (size <= tol) | (state.started & floor)
+        # A linearly converging iteration leaves an error of about rate / (1 - rate) times
+        # its last step, not the step's size: Newton at a root of multiplicity p shrinks its
+        # steps by the rate (p - 1) / p, so y**3 = 0 stopped on a step of 4e-5 with the
+        # error twice that. The rate is estimated from the last two steps (0 before there
+        # are two: quadratic convergence gives about 0 too).
+        rate = jnp.where(state.started & (state.size > 0), size / state.size, 0)
+        tail = jnp.where(rate < 1, rate / jnp.where(rate < 1, 1 - rate, 1), jnp.inf)
+        error = jnp.where(size > 0, size * jnp.maximum(1, tail), 0)
+        small = (error <= tol) | (state.started & floor)
         # Only a step that solves its system measures the distance to the solution: a small
         # steepest-descent step (a singular Jacobian) or a Krylov step that fell short does
         # not. For a root, a small step that is not Newton's marks a stationary point of
