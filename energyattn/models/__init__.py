@@ -35,12 +35,11 @@ from ._ham import (
     HAMClassifier as HAMClassifier,
     evaluate_ham_classifier as evaluate_ham_classifier,
 )
-from ._image_et import (
-    ImageEnergyTransformer as ImageEnergyTransformer,
+from ._image_et import ImageEnergyTransformer as ImageEnergyTransformer
+from ._image_et_io import load_image_et as load_image_et, save_image_et as save_image_et
+from ._inpainting import (
     evaluate_inpainting as evaluate_inpainting,
-    load_image_et as load_image_et,
     masked_patch_mse as masked_patch_mse,
-    save_image_et as save_image_et,
     train_inpainting as train_inpainting,
 )
 from ._replay import ReplayBuffer as ReplayBuffer

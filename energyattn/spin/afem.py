@@ -734,12 +734,6 @@ class _PhiAt(_Phi):
 _AT_SOLUTION = MinimiseProblem(_PhiAt())
 
 
-def _options(mode: Any, solver: Any, max_steps: Any) -> tuple[Mode, Newton | None, int]:
-    if solver is not None and not isinstance(solver, Newton):
-        raise ValueError(f"solver must be ea.Newton(...) (with its tolerances), got {solver!r}")
-    return check_mode(mode), solver, positive_int("max_steps", max_steps)
-
-
 def _default_solver(dtype: Any) -> Newton:
     """`ea.Newton` with tolerances `eps ** 0.75` (1.8e-12 in float64, 6.4e-6 in float32).
 
@@ -754,10 +748,28 @@ def _default_solver(dtype: Any) -> Newton:
     return Newton(rtol=tol, atol=tol, chord_check=True, jacobian="dense")
 
 
+class _System(eqx.Module):
+    """The checked arguments that `saddle_point`, `log_partition`, `free_energy` and
+    `magnetizations` share (`J, H, *, beta, t0, mode, solver, max_steps, throw`, documented
+    once in `saddle_point` and `log_partition`), as one value for their compiled bodies."""
+
+    J: Float[Array, "spins spins"]  # symmetrised; evaluated at H when given as a function
+    H: Float[Array, "spins dim"]
+    beta: Float[Array, ""]
+    tp0: Float[Array, " n"] | None  # the warm start, flat, without gradient
+    mode: Mode = eqx.field(static=True)
+    solver: Newton | None
+    max_steps: int = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+
+
 def _system(
-    J: Any, H: Any, beta: Any, t0: Any, mode: Mode
-) -> tuple[Array, Array, Array, Array | None]:
-    """Checked, symmetrised `J` (evaluated at `H` if callable), `H`, `beta` and `tp0`."""
+    J: Any, H: Any, beta: Any, t0: Any, mode: Any, solver: Any, max_steps: Any, throw: Any
+) -> _System:
+    """The shared arguments, checked (a `ValueError` naming the bad one), in one place."""
+    if solver is not None and not isinstance(solver, Newton):
+        raise ValueError(f"solver must be ea.Newton(...) (with its tolerances), got {solver!r}")
+    mode, max_steps = check_mode(mode), positive_int("max_steps", max_steps)
     check_shape("H", H, "spins dim")
     if callable(J):
         J = J(jnp.asarray(H, jnp.promote_types(jnp.result_type(H), jnp.float32)))
@@ -767,20 +779,13 @@ def _system(
     if t0 is not None:
         _check_t(t0, H.shape[0], mode, "t0")
         tp0 = jax.lax.stop_gradient(jnp.asarray(t0).astype(H.dtype).reshape(-1))
-    return J, H, beta, tp0
+    return _System(J, H, beta, tp0, mode, solver, max_steps, bool(throw))
 
 
-def _saddle(
-    J: Float[Array, "spins spins"],
-    H: Float[Array, "spins dim"],
-    beta: Float[Array, ""],
-    tp0: Float[Array, " n"] | None,
-    mode: Mode,
-    solver: Newton | None,
-    max_steps: int,
-    throw: bool,
-) -> _Saddle:
+def _saddle(system: _System) -> _Saddle:
     """The checked solve through the engine's loop; no derivatives flow through it."""
+    J, H, beta, tp0, mode = system.J, system.H, system.beta, system.tp0, system.mode
+    solver, max_steps, throw = system.solver, system.max_steps, system.throw
     if throw:
         J, H, beta = check_finite("J", J), check_finite("H", H), check_finite("beta", beta)
         if tp0 is not None:
@@ -989,25 +994,14 @@ def saddle_point(
         "Steepest descent: hunting for the saddle" and "Implicit layers for steepest-descent
         root-finding".
     """
-    mode, solver, max_steps = _options(mode, solver, max_steps)
-    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
-    return _compiled_saddle_point(J, H, beta, tp0, mode, solver, max_steps, bool(throw))
+    return _compiled_saddle_point(_system(J, H, beta, t0, mode, solver, max_steps, throw))
 
 
 @eqx.filter_jit
-def _compiled_saddle_point(
-    J: Array,
-    H: Array,
-    beta: Array,
-    tp0: Array | None,
-    mode: Mode,
-    solver: Newton | None,
-    max_steps: int,
-    throw: bool,
-) -> Solution:
-    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, throw)
-    tp = _attach(saddle, J, H, beta, throw)
-    return _public(eqx.tree_at(lambda s: s.value, saddle.solution, tp), mode)
+def _compiled_saddle_point(system: _System) -> Solution:
+    saddle = _saddle(system)
+    tp = _attach(saddle, system.J, system.H, system.beta, system.throw)
+    return _public(eqx.tree_at(lambda s: s.value, saddle.solution, tp), system.mode)
 
 
 @keyword_arguments("ea.spin.log_partition")
@@ -1050,24 +1044,12 @@ def log_partition(
         M. Bal, *Transformers from Spin Models: Approximate Free Energy Minimization* (2021),
         eq. "afe".
     """
-    mode, solver, max_steps = _options(mode, solver, max_steps)
-    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
-    return _compiled_log_partition(J, H, beta, tp0, mode, solver, max_steps, bool(throw))
+    return _compiled_log_partition(_system(J, H, beta, t0, mode, solver, max_steps, throw))
 
 
 @eqx.filter_jit
-def _compiled_log_partition(
-    J: Array,
-    H: Array,
-    beta: Array,
-    tp0: Array | None,
-    mode: Mode,
-    solver: Newton | None,
-    max_steps: int,
-    throw: bool,
-) -> Scalar:
-    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, throw)
-    return _log_z(saddle, J, H, beta, throw)
+def _compiled_log_partition(system: _System) -> Scalar:
+    return _log_z(_saddle(system), system.J, system.H, system.beta, system.throw)
 
 
 @keyword_arguments("ea.spin.free_energy")
@@ -1202,37 +1184,26 @@ def magnetizations(
         eqs. "spinevgeneral" and "spinev"; *Transformers Are Secretly Collectives of Spin
         Systems* (2021), eq. "magnetization".
     """
-    mode, solver, max_steps = _options(mode, solver, max_steps)
     couplings_fn = J if callable(J) else None
-    J, H, beta, tp0 = _system(J, H, beta, t0, mode)
-    return _compiled_magnetizations(
-        couplings_fn, J, H, beta, tp0, mode, solver, max_steps, bool(throw), bool(return_solution)
-    )
+    system = _system(J, H, beta, t0, mode, solver, max_steps, throw)
+    return _compiled_magnetizations(couplings_fn, system, bool(return_solution))
 
 
 @eqx.filter_jit
 def _compiled_magnetizations(
-    couplings_fn: Callable[[Array], Array] | None,
-    J: Array,
-    H: Array,
-    beta: Array,
-    tp0: Array | None,
-    mode: Mode,
-    solver: Newton | None,
-    max_steps: int,
-    throw: bool,
-    return_solution: bool,
+    couplings_fn: Callable[[Array], Array] | None, system: _System, return_solution: bool
 ) -> Float[Array, "spins dim"] | tuple[Float[Array, "spins dim"], Solution]:
-    saddle = _saddle(J, H, beta, tp0, mode, solver, max_steps, throw)
+    saddle = _saddle(system)
+    beta = system.beta
 
     def log_z(H_: Float[Array, "spins dim"]) -> Scalar:
-        J_ = J if couplings_fn is None else check_system(couplings_fn(H_), H_, beta)[0]
+        J_ = system.J if couplings_fn is None else check_system(couplings_fn(H_), H_, beta)[0]
         # t*'s implicit dependence on everything, now including this H_.
-        return _log_z(saddle, J_, H_, beta, throw)
+        return _log_z(saddle, J_, H_, beta, system.throw)
 
-    m = jax.grad(log_z)(H)
+    m = jax.grad(log_z)(system.H)
     if return_solution:
-        return m, _public(saddle.solution, mode)
+        return m, _public(saddle.solution, system.mode)
     return m
 
 
