@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import energyattn as ea
 
 PACKAGE = pathlib.Path(ea.__file__).parent
@@ -97,10 +95,6 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the attention passes still patch Equinox's `_vprim_p` partial-evaluation rules",
-)
 def test_import_changes_no_other_librarys_rules():
     """Every rule JAX holds for Equinox's and lineax's primitives (JVP, transpose, batching,
     partial evaluation, DCE, linearization, lowering) is the same object after energyattn is
@@ -112,7 +106,6 @@ def test_import_changes_no_other_librarys_rules():
     assert "checked" in result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="not yet gathered into `_internals.py`")
 def test_private_apis_live_in_one_module():
     """`jax._src` and `equinox.internal` are used in `_internals.py` alone (DESIGN.md)."""
     private = re.compile(r"jax\._src|equinox\.internal|\beqxi\b")
