@@ -2,12 +2,13 @@
 
 from collections.abc import Callable
 
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax.interpreters import ad
 from jaxtyping import Array, Float
+
+from ._vprim import create_vprim
 
 
 def upper_cholesky(matrix: Float[Array, "n n"]) -> Float[Array, "n n"]:
@@ -157,7 +158,7 @@ def _product_transpose(cts, a, a_t, b):
     return [None, None, _product_p.bind(a_t, a, ct)[0]]
 
 
-_product_p = eqxi.create_vprim(
+_product_p = create_vprim(
     "energyattn_product",
     _product_impl,
     _product_abstract_eval,

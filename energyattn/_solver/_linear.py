@@ -9,7 +9,8 @@ solvers build the matrix from it once per call, Krylov solvers never do.
 Why a primitive of our own: under `vmap`, `custom_linear_solve`'s batching rule batches the
 solve and its transpose several times over to find which of their outputs are batched, with
 GMRES's nested loops inside each time; this one is batched by
-`equinox.internal.create_vprim` (as the attention passes and lineax's linear solve are), so
+`_vprim.create_vprim` (Equinox's design, on a primitive of our own; as the attention passes
+are), so
 the solve is vmapped once, when it is lowered (the vmapped gradient of a spin-model
 transformer layer traces and lowers faster, to the same gradient). Why not lineax itself:
 the dense factorisations, JAX's CG and a short GMRES of our own (`_krylov.py`) cover the
@@ -22,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +37,7 @@ from .._linalg import (
     lu_solve,
     lu_solve_transposed,
 )
+from .._vprim import create_vprim
 from ._iterate import AbstractProblem, default_tolerance, rms
 from ._krylov import gmres
 
@@ -93,7 +94,7 @@ def linear_solve(
 ) -> Flat:
     """$A^{-1}b$ by `solve(matvec, b)`, with the rules of `jax.lax.custom_linear_solve` (the
     same arguments; `transpose_solve(vecmat, r)` solves with $A^\\top$), as a primitive
-    batched by `equinox.internal.create_vprim`: under `vmap` the solve is vmapped once, where
+    batched by `_vprim.create_vprim`: under `vmap` the solve is vmapped once, where
     JAX's rule batches the solve and its transpose several times over to find which outputs
     are batched (with GMRES's nested loops each time)."""
     if symmetric:
@@ -196,7 +197,7 @@ def _solve_transpose(cts, *args, structures, counts):
     return [None] * (len(args) - 1) + [x]
 
 
-_solve_p = eqxi.create_vprim(
+_solve_p = create_vprim(
     "energyattn_linear_solve", _solve_impl, _solve_abstract_eval, _solve_jvp, _solve_transpose
 )
 

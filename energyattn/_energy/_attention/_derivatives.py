@@ -27,8 +27,8 @@ Everything else is elementwise JAX, which JAX differentiates and transposes itse
 So reverse mode is JAX transposing the forward-mode rule, every pass that appears in a
 tangent or a transpose is again a `terms_p` with the same rules, and the residuals of every
 order are the inputs of the passes: O(seq) arrays, never a `(seq, mem)` matrix. The
-primitives are batched by `equinox.internal.create_vprim` (as lineax's linear solve is), which
-vmaps these rules; a vmap over heads runs head by head on a CPU when the blocks are large
+primitives are batched by `_vprim.create_vprim` (Equinox's design, on primitives of our own),
+which vmaps these rules; a vmap over heads runs head by head on a CPU when the blocks are large
 (`_passes._in_turn`). They are primitives rather than `jax.custom_jvp`s because JAX then
 never looks inside their implementations (the head loop is a `custom_vmap`, which partial
 evaluation inside `lax.scan` rejects), and because a primitive can drop unused terms
@@ -44,18 +44,19 @@ partially evaluates a JVP it traced earlier (linearizing a `jit`, a `jax.checkpo
 partial-evaluation rules), so that its primal outputs stay known.
 """
 
-import equinox.internal as eqxi
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
-from equinox.internal import _primitive as _eqx_primitive
-from jax._src import api_util, core as _core, linear_util as lu
-from jax._src.interpreters import ad as _ad, batching, partial_eval as _pe
-from jax.interpreters import ad, partial_eval as pe
+from jax.interpreters import ad, batching, partial_eval as pe
 from jax.sharding import PartitionSpec
 
+from ... import _internals
 from ..._mask import SegmentIds
+from ..._vprim import create_vprim, vprim_batch, vprim_p
 from ._blocks import KEYS, SCALED_QUERIES, Term
 from ._passes import Config, run_forward, run_terms
+
+closed_call_p = jex.primitives.closed_call_p
 
 
 class _Arrays:
@@ -287,7 +288,7 @@ def _undefined_in(factor, undefined):
     return any(undefined[a] or undefined[b] for a, b in factor)
 
 
-terms_p = eqxi.create_vprim(
+terms_p = create_vprim(
     "attention_terms", _terms_impl, _terms_abstract_eval, _terms_jvp, _terms_transpose
 )
 
@@ -382,20 +383,8 @@ def _forward_jvp(primals, tangents, *, config, mask_kind):
     return _forward_tangent(primals, tangents, config, mask_kind, fused)
 
 
-def _unbatched(x):
-    """`(vmaps, x)`: the vmaps `x` is batched by (their traces' identities) and the value
-    inside them."""
-    vmaps = set()
-    while isinstance(x, batching.BatchTracer):
-        vmaps.add(id(x._trace))
-        x = x.val
-    return vmaps, x
-
-
-def _differentiated(x):
-    """Whether `x` is being differentiated (or partially evaluated) by a transformation
-    outside the current one, through any `vmap`s."""
-    return isinstance(_unbatched(x)[1], (_ad.JVPTracer, _ad.LinearizeTracer, pe.JaxprTracer))
+_unbatched = _internals.unbatched
+_differentiated = _internals.differentiated
 
 
 def _unfused(config):
@@ -411,17 +400,6 @@ def _forward_unfused_jvp(primals, tangents, *, config, mask_kind):
     return _forward_tangent(primals, tangents, config, mask_kind, _unfused(config))
 
 
-def _forward_linearize(is_vjp, nonzeros, *primals, config, mask_kind):
-    """Linearization (`jax.linearize`, and reverse mode): the unfused JVP, so that the
-    primal (the forward pass) stays known and only the terms pass is staged into the linear
-    function. The fused pass's outputs would all depend on the tangents."""
-    del is_vjp
-    params = dict(config=config, mask_kind=mask_kind)
-    info = api_util.debug_info("attention_forward", _forward_unfused_jvp, primals, {})
-    jvp = lu.wrap_init(_forward_unfused_jvp, debug_info=info)
-    return _ad.linearize_from_jvp(jvp, True, nonzeros, False, False, primals, params)
-
-
 def _forward_transpose(cts, *args, config, mask_kind):
     raise NotImplementedError("the attention forward pass is not linear")
 
@@ -429,18 +407,19 @@ def _forward_transpose(cts, *args, config, mask_kind):
 # The online pass is a primitive, not a custom_jvp: JAX never looks inside it (its impl
 # loops over heads through a custom_vmap, which partial evaluation inside `lax.scan` would
 # reject), and its batching comes from vmapping the rules, as for `terms_p`.
-forward_p = eqxi.create_vprim(
+forward_p = create_vprim(
     "attention_forward", _forward_impl, _forward_abstract_eval, _forward_jvp, _forward_transpose
 )
 
 
-# JAX's linearization rules (`jax_use_direct_linearize`, the default since 0.7) live in its
-# private `ad` module; without them linearize falls back to the JVP rule under partial
-# evaluation, which the fused pass would defeat, so the JVP rule is then the unfused one.
-if hasattr(_ad, "primitive_linearizations") and hasattr(_ad, "linearize_from_jvp"):
-    _ad.primitive_linearizations[forward_p] = _forward_linearize
-else:  # pragma: no cover
-    ad.primitive_jvps[forward_p] = _forward_unfused_jvp
+# Linearization (`jax.linearize`, and reverse mode) takes the unfused JVP, so that the primal
+# (the forward pass) stays known and only the terms pass is staged into the linear function:
+# the fused pass's outputs would all depend on the tangents. JAX's linearization rules
+# (`jax_use_direct_linearize`, the default since 0.7) are private (`_internals`); without
+# them linearize falls back to the JVP rule under partial evaluation, which the fused pass
+# would defeat, so the JVP rule is then the unfused one.
+if not _internals.register_linearization(forward_p, _forward_unfused_jvp, "attention_forward"):
+    ad.primitive_jvps[forward_p] = _forward_unfused_jvp  # pragma: no cover
 
 
 # ------------------------------------------------ the fused forward: forward + row terms
@@ -505,25 +484,24 @@ def _fused_transpose(cts, *args, terms, config, mask_kind):
     raise NotImplementedError("the fused attention forward pass is not linear")
 
 
-forward_terms_p = eqxi.create_vprim(
+forward_terms_p = create_vprim(
     "attention_forward_terms", _fused_impl, _fused_abstract_eval, _fused_jvp, _fused_transpose
 )
-_fused_vprim_batch = batching.fancy_primitive_batchers[forward_terms_p]
 
 
-def _fused_batch(axis_data, vals, dims, *, terms, config, mask_kind):
+def _fused_batch(axis_size, axis_name, trace_type, vals, dims, *, terms, config, mask_kind):
     """The vprim's batching, except that where only the terms' arrays are batched (a vmap
     over tangents: `jax.jacfwd`), the log-sum-exp and the output are not: they are the
     same in every batch entry, and `jax.jacfwd` requires its primal outputs unbatched."""
     params = dict(terms=terms, config=config, mask_kind=mask_kind)
-    out, axes = _fused_vprim_batch(axis_data, vals, dims, **params)
+    out, axes = vprim_batch(forward_terms_p, axis_size, axis_name, trace_type, vals, dims, **params)
     if all(d is None for d in dims[: _num_primal(mask_kind)]) and axes[0] is not None:
         out = [out[0][0], out[1][0], *out[2:]]
         axes = [None, None, *axes[2:]]
     return out, axes
 
 
-batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
+batching.axis_primitive_batchers[forward_terms_p] = _fused_batch
 
 
 # ----------------------------- partial evaluation: the fused pass splits where it must
@@ -539,7 +517,7 @@ batching.fancy_primitive_batchers[forward_terms_p] = _fused_batch
 
 def _unfused_jaxpr(avals, params, batching=None):
     """The closed jaxpr of the fused pass's unfused equal over `avals` (flat operands), or
-    of its vmap for `_vprim_p`'s `batching = (axis_size, axis_name, batch_axes)`."""
+    of its vmap for `vprim_p`'s `batching = (axis_size, axis_name, batch_axes)`."""
     terms, config, mask_kind = params["terms"], params["config"], params["mask_kind"]
 
     def unfused(*args):
@@ -558,8 +536,8 @@ def _fused_equation(primitive, params):
     `None`."""
     if primitive is forward_terms_p:
         return params, None
-    if primitive is _VPRIM and params["prim"] is forward_terms_p:
-        axes = (params["__axis_size"], params["__axis_name"], params["__batch_axes"])
+    if primitive is vprim_p and params["prim"] is forward_terms_p:
+        axes = (params["axis_size"], params["axis_name"], params["batch_axes"])
         return dict(params["params"]), axes
     return None
 
@@ -577,8 +555,7 @@ def _split_where_unknown(primitive, previous):
                 return previous(trace, *tracers, **params)
             return trace.default_process_primitive(primitive, tracers, params)
         closed = _unfused_jaxpr([t.aval for t in tracers], *fused)
-        with _core.set_current_trace(trace):
-            return _core.eval_jaxpr(closed.jaxpr, closed.consts, *tracers)
+        return _internals.eval_jaxpr_in(trace, closed, *tracers)
 
     return rule
 
@@ -593,59 +570,25 @@ def _split_equation(primitive, previous):
         if fused is None:
             return previous(saveable, unks_in, inst_in, eqn)
         closed = _unfused_jaxpr([v.aval for v in eqn.invars], *fused)
-        call = eqn.replace(primitive=_core.closed_call_p, params=dict(call_jaxpr=closed))
-        return pe.partial_eval_jaxpr_custom_rules[_core.closed_call_p](
-            saveable, unks_in, inst_in, call
-        )
+        call = eqn.replace(primitive=closed_call_p, params=dict(call_jaxpr=closed))
+        return pe.partial_eval_jaxpr_custom_rules[closed_call_p](saveable, unks_in, inst_in, call)
 
     return rule
 
 
-def _default_equation_rule(saveable, unks_in, inst_in, eqn):
-    """What `partial_eval_jaxpr_custom` does with an equation that has no rule, for the
-    other vprims' equations (lineax's and Equinox's): staged whole when an input is unknown;
-    otherwise known, and recomputed in the staged jaxpr where the checkpoint policy does not
-    save it."""
-    n = len(eqn.outvars)
-    unsaved = [
-        v
-        for v, inst in zip(eqn.invars, inst_in, strict=True)
-        if isinstance(v, _core.Var) and not inst
-    ]
-    if any(unks_in):
-        return None, eqn, [True] * n, [True] * n, unsaved
-    # The policy sees the vprim's own primitive and parameters (JAX would pass the vprim's,
-    # whose `prim` clashes with the policies' first argument).
-    inner = eqn.params["prim"], *(v.aval for v in eqn.invars)
-    policy = _pe.ensure_enum(saveable(*inner, **dict(eqn.params["params"])))
-    if isinstance(policy, _pe.SaveableType):
-        return eqn, None, [False] * n, [False] * n, []
-    if isinstance(policy, _pe.RecomputeType):
-        return eqn, eqn, [False] * n, [True] * n, unsaved
-    raise NotImplementedError(  # pragma: no cover
-        f"energyattn: a checkpoint policy that offloads ({policy}) is not supported for "
-        "vprim equations (lineax's, Equinox's and the attention passes')"
-    )
-
-
 pe.custom_partial_eval_rules[forward_terms_p] = _split_where_unknown(forward_terms_p, None)
 pe.partial_eval_jaxpr_custom_rules[forward_terms_p] = _split_equation(forward_terms_p, None)
-# Batched, the fused pass is an equation of Equinox's vprim primitive (`create_vprim`'s
-# batching), whose rules chain to the ones before.
-_VPRIM = getattr(_eqx_primitive, "_vprim_p", None)
-if _VPRIM is not None:
-    pe.custom_partial_eval_rules[_VPRIM] = _split_where_unknown(
-        _VPRIM, pe.custom_partial_eval_rules.get(_VPRIM)
-    )
-    pe.partial_eval_jaxpr_custom_rules[_VPRIM] = _split_equation(
-        _VPRIM, pe.partial_eval_jaxpr_custom_rules.get(_VPRIM, _default_equation_rule)
-    )
+# Batched, the fused pass is an equation of `vprim_p` (`create_vprim`'s batching, our own
+# primitive), whose rules chain to the ones before (its `jax.checkpoint` rule).
+pe.custom_partial_eval_rules[vprim_p] = _split_where_unknown(
+    vprim_p, pe.custom_partial_eval_rules.get(vprim_p)
+)
+pe.partial_eval_jaxpr_custom_rules[vprim_p] = _split_equation(
+    vprim_p, pe.partial_eval_jaxpr_custom_rules[vprim_p]
+)
 
 
-_terms_vprim_batch = batching.fancy_primitive_batchers[terms_p]
-
-
-def _terms_batch(axis_data, vals, dims, *, terms, config, mask_kind):
+def _terms_batch(axis_size, axis_name, trace_type, vals, dims, *, terms, config, mask_kind):
     """The vprim's batching, with the arrays the terms are linear in batched whenever
     anything is: a transpose of the batched pass (reverse over a vmap: `jax.jacrev` of
     `jax.jacfwd`) gives an array's cotangent per batch entry, which `vmap` cannot return
@@ -656,14 +599,14 @@ def _terms_batch(axis_data, vals, dims, *, terms, config, mask_kind):
         for i in range(first, len(vals)):
             if dims[i] is None:
                 x = vals[i]
-                vals[i] = jnp.broadcast_to(x, (axis_data.size, *jnp.shape(x)))
+                vals[i] = jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
                 dims[i] = 0
         vals, dims = tuple(vals), tuple(dims)
     params = dict(terms=terms, config=config, mask_kind=mask_kind)
-    return _terms_vprim_batch(axis_data, vals, dims, **params)
+    return vprim_batch(terms_p, axis_size, axis_name, trace_type, vals, dims, **params)
 
 
-batching.fancy_primitive_batchers[terms_p] = _terms_batch
+batching.axis_primitive_batchers[terms_p] = _terms_batch
 
 
 def _terms_dce(used_outputs, *rest):
