@@ -9,11 +9,13 @@ parameter) is an explicit input whose derivatives the adjoints can take.
 One pass of the loop is one call of `solver.step`. Under `vmap` the loop is a
 `lax.while_loop` whose finished examples are left untouched while the others iterate, so
 results and step counts do not depend on what else is in the batch. With `unrolled=True`
-it is a `lax.scan` of a fixed number of passes (finished examples frozen), which reverse
-mode can differentiate.
+it is a loop of at most `max_steps` passes made of `lax.scan` and `lax.cond`
+(`bounded_while`: finished examples frozen, finished passes skipped), which reverse mode
+can differentiate.
 """
 
 import abc
+import functools
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -68,21 +70,78 @@ def bounded_while(
     max_passes: int,
     unrolled: bool,
 ) -> Any:
-    """`lax.while_loop(cond, body, init)`, or with `unrolled` a `lax.scan` of `max_passes`
-    passes that applies `body` only while `cond` holds (reverse mode can differentiate it).
+    """`lax.while_loop(cond, body, init)`, or with `unrolled` a loop of at most `max_passes`
+    passes made of `lax.scan` and `lax.cond`, which reverse mode differentiates and which
+    pays for the passes it runs, not for `max_passes`.
 
     Used for the outer loop and for inner loops such as line searches, so that an unrolled
     solve never contains a `while_loop`. The caller guarantees that `cond` turns false
     within `max_passes` passes.
+
+    Unrolled, its value and every derivative are those of a `scan` of `max_passes` passes
+    of `where(cond(c), body(c), c)`, and so is each block of `b = ceil(cbrt(max_passes))`
+    of those passes; an outer `scan` runs each block under a `lax.cond` on `cond`, so a
+    finished loop skips its remaining blocks (one test each). A loop that stops after `k`
+    passes evaluates `body` `k + b - 1` times at most (the rest of its last block). Each
+    block is checkpointed (`jax.checkpoint`): reverse mode stores the carry at the start of
+    each block, and in the backward pass runs each block that ran forward again, storing
+    its passes' residuals while it goes back through them. So a gradient costs about two
+    forward passes and one backward pass over the blocks run, and its memory is
+    `ceil(max_passes / b)` carries, one block of residuals, and one copy of the constants
+    those residuals include (an output of the block's `lax.cond`).
+
+    The passes within a block keep `where`, not a `lax.cond` each: a `cond` inside a `scan`
+    makes reverse mode store the loop's constants (the arrays `body` closes over) once per
+    pass, where a `scan` stores them once. Under `vmap` a finished example is frozen by the
+    `where` (its passes run for every example of the block), and a block is skipped once
+    every example of the batch has finished (`_any_example`): a batch costs the blocks its
+    slowest example needs.
     """
     if not unrolled:
         return jax.lax.while_loop(cond, body, init)
+    if max_passes <= 0:
+        return init
+    size = 1
+    while size**3 < max_passes:  # ceil(cbrt(max_passes)): passes per block
+        size += 1
+    blocks = -(-max_passes // size)
+    ragged = blocks * size != max_passes  # the last block has passes beyond max_passes
 
-    def scan_body(carry, _):
-        return tree_where(cond(carry), body(carry), carry), None
+    def one_pass(carry, index):
+        go = cond(carry)
+        if ragged:
+            go = go & (index < max_passes)
+        return tree_where(go, body(carry), carry), None
 
-    final, _ = jax.lax.scan(scan_body, init, None, length=max_passes)
-    return final
+    @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE to prevent
+    def block(carry, first):
+        def run(carry):
+            return jax.lax.scan(one_pass, carry, first + jnp.arange(size, dtype=jnp.int32))[0]
+
+        return jax.lax.cond(_any_example(cond(carry)), run, _same, carry), None
+
+    starts = jnp.arange(0, blocks * size, size, dtype=jnp.int32)
+    return jax.lax.scan(block, init, starts)[0]
+
+
+def _same(carry: Any) -> Any:
+    return carry
+
+
+@jax.custom_batching.custom_vmap
+def _any_example(pred: Bool[Array, ""]) -> Bool[Array, ""]:
+    """`pred`; under `vmap`, whether it holds for any example (an unbatched boolean), so
+    that a `lax.cond` on it stays a branch instead of becoming a `select` of both."""
+    return pred
+
+
+@_any_example.def_vmap
+def _any_example_vmap(axis_size: int, in_batched: list[bool], pred: Any) -> tuple[Any, bool]:
+    del axis_size
+    if in_batched[0]:
+        # Again through `_any_example`: under nested `vmap`s every level reduces its axis.
+        pred = _any_example(jnp.any(pred, axis=0))
+    return pred, False
 
 
 class AbstractObjective(eqx.Module):
