@@ -209,18 +209,14 @@ class UnrolledAdjoint(AbstractAdjoint):
     The loop, and the solvers' line searches inside it, become loops of at most
     `max_steps` passes made of `lax.scan` and `lax.cond` that skip the passes after the
     solve has converged: time grows with the steps taken, not with `max_steps` (a gradient
-    at the default 256 costs about what it does at 16 for a solve of a few steps,
-    `benchmarks/unrolled.py`), and the result, its statistics and its derivatives are the
-    same for any `max_steps` above the steps taken. The passes run in blocks of
-    `b = ceil(cbrt(max_steps))`, and a block that has begun runs to its end (finished
-    passes frozen, as before): `k` steps cost up to `k + b - 1` passes. Each block is
-    checkpointed: reverse mode stores the state at the start of each block
-    (`ceil(max_steps / b)` states, about `max_steps ** (2/3)`) and in the backward pass
-    runs the blocks that ran once more, storing one block's intermediate values at a time
-    (and one copy of the arrays the map closes over that they include). So a gradient
-    costs about two forward solves and one backward pass over the blocks run. Under
-    `vmap` a finished example waits for the others (frozen), and the blocks stop when all
-    have finished.
+    at the default 256 costs at most about 1.5 times what it does at 16 for a solve of a
+    few steps, `benchmarks/unrolled.py`), and the result, its statistics and its
+    derivatives are the same for any `max_steps` above the steps taken. `k` steps cost at
+    most `k + 1` passes (blocks of two). Reverse mode checkpoints groups of blocks: it
+    stores about `2 sqrt(max_steps / 2)` states and one block's intermediate values at a
+    time, and runs the passes taken three times forward (twice more for the checkpoints)
+    and once backward. Under `vmap` a finished example waits for the others (frozen),
+    and the loop stops when all have finished.
     """
 
     def solve(self, solver, problem, y0, args, *, max_steps, throw):

@@ -16,6 +16,7 @@ can differentiate.
 
 import abc
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -79,33 +80,32 @@ def bounded_while(
     within `max_passes` passes.
 
     Unrolled, its value and every derivative are those of a `scan` of `max_passes` passes
-    of `where(cond(c), body(c), c)`, and so is each block of `b = ceil(cbrt(max_passes))`
-    of those passes; an outer `scan` runs each block under a `lax.cond` on `cond`, so a
-    finished loop skips its remaining blocks (one test each). A loop that stops after `k`
-    passes evaluates `body` `k + b - 1` times at most (the rest of its last block). Each
-    block is checkpointed (`jax.checkpoint`): reverse mode stores the carry at the start of
-    each block, and in the backward pass runs each block that ran forward again, storing
-    its passes' residuals while it goes back through them. So a gradient costs about two
-    forward passes and one backward pass over the blocks run, and its memory is
-    `ceil(max_passes / b)` carries, one block of residuals, and one copy of the constants
-    those residuals include (an output of the block's `lax.cond`).
+    of `where(cond(c), body(c), c)`. The passes run in blocks of `BLOCK_PASSES`, and the
+    blocks in groups of about `sqrt(max_passes / BLOCK_PASSES)`; a block or a group runs
+    under a `lax.cond` on `cond` at its start, so a loop that has stopped skips the rest at
+    the cost of one test per group. A loop that stops after `k` passes evaluates `body`
+    `k + BLOCK_PASSES - 1` times at most, whatever `max_passes`.
 
-    The passes within a block keep `where`, not a `lax.cond` each: a `cond` inside a `scan`
-    makes reverse mode store the loop's constants (the arrays `body` closes over) once per
-    pass, where a `scan` stores them once. Under `vmap` a finished example is frozen by the
-    `where` (its passes run for every example of the block), and a block is skipped once
-    every example of the batch has finished (`_any_example`): a batch costs the blocks its
-    slowest example needs.
+    Groups and blocks are checkpointed (`jax.checkpoint`). Reverse mode stores the carry at
+    the start of each group; in the backward pass it runs each group that ran again,
+    storing its blocks' carries, then each of those blocks once more, storing one block's
+    residuals at a time. A gradient therefore costs about three forward passes and one
+    backward pass over the passes run, and its memory is about `2 sqrt(max_passes / 2)`
+    carries plus one block of residuals. (Without the group checkpoint the residuals of a
+    group's `lax.cond`, which include the arrays `body` closes over, would be stored once per
+    group.) Within a block the passes keep `where`: under `vmap` a finished example is
+    frozen by it, and a block or group is skipped once every example of the batch has
+    finished (`_any_example`), so a batch costs the passes its slowest example needs.
     """
     if not unrolled:
         return jax.lax.while_loop(cond, body, init)
     if max_passes <= 0:
         return init
-    size = 1
-    while size**3 < max_passes:  # ceil(cbrt(max_passes)): passes per block
-        size += 1
+    size = min(BLOCK_PASSES, max_passes)
     blocks = -(-max_passes // size)
-    ragged = blocks * size != max_passes  # the last block has passes beyond max_passes
+    group = math.isqrt(blocks - 1) + 1  # ceil(sqrt(blocks)) blocks per group
+    groups = -(-blocks // group)
+    ragged = groups * group * size != max_passes  # passes beyond max_passes at the end
 
     def one_pass(carry, index):
         go = cond(carry)
@@ -113,18 +113,35 @@ def bounded_while(
             go = go & (index < max_passes)
         return tree_where(go, body(carry), carry), None
 
-    @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE to prevent
-    def block(carry, first):
-        def run(carry):
-            return jax.lax.scan(one_pass, carry, first + jnp.arange(size, dtype=jnp.int32))[0]
+    def unless_stopped(run: Callable[[Any, Array], Any]) -> Callable:
+        """A checkpointed scan step that calls `run(carry, first_pass)` unless stopped."""
 
-        return jax.lax.cond(_any_example(cond(carry)), run, _same, carry), None
+        @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE to prevent
+        def step(carry, first):
+            return jax.lax.cond(_any_example(cond(carry)), run, _same, carry, first), None
 
-    starts = jnp.arange(0, blocks * size, size, dtype=jnp.int32)
-    return jax.lax.scan(block, init, starts)[0]
+        return step
+
+    def passes(carry, first):
+        return jax.lax.scan(one_pass, carry, first + jnp.arange(size, dtype=jnp.int32))[0]
+
+    block = unless_stopped(passes)
+
+    def blocks_of_group(carry, first):
+        starts = first + size * jnp.arange(group, dtype=jnp.int32)
+        return jax.lax.scan(block, carry, starts)[0]
+
+    starts = jnp.arange(0, groups * group * size, group * size, dtype=jnp.int32)
+    return jax.lax.scan(unless_stopped(blocks_of_group), init, starts)[0]
 
 
-def _same(carry: Any) -> Any:
+#: Passes per block of an unrolled `bounded_while`: the most it runs after its loop stops,
+#: plus one.
+BLOCK_PASSES = 2
+
+
+def _same(carry: Any, first: Array) -> Any:
+    del first
     return carry
 
 
