@@ -38,6 +38,7 @@ BENCHMARKS = {
     "adjoint_solve": "dense vs matrix-free implicit adjoint: where the automatic choice switches",
     "ebt_memory": "training an energy-based transformer through its thinking: memory, paths",
     "solver_jit": "filter_jit on the solver entry points vs tracing them into the caller",
+    "unrolled": "ea.UnrolledAdjoint's gradient at max_steps=256 vs 16: the steps it takes",
 }
 
 

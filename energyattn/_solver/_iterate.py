@@ -9,11 +9,14 @@ parameter) is an explicit input whose derivatives the adjoints can take.
 One pass of the loop is one call of `solver.step`. Under `vmap` the loop is a
 `lax.while_loop` whose finished examples are left untouched while the others iterate, so
 results and step counts do not depend on what else is in the batch. With `unrolled=True`
-it is a `lax.scan` of a fixed number of passes (finished examples frozen), which reverse
-mode can differentiate.
+it is a loop of at most `max_steps` passes made of `lax.scan` and `lax.cond`
+(`bounded_while`: finished examples frozen, finished passes skipped), which reverse mode
+can differentiate.
 """
 
 import abc
+import functools
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -68,21 +71,94 @@ def bounded_while(
     max_passes: int,
     unrolled: bool,
 ) -> Any:
-    """`lax.while_loop(cond, body, init)`, or with `unrolled` a `lax.scan` of `max_passes`
-    passes that applies `body` only while `cond` holds (reverse mode can differentiate it).
+    """`lax.while_loop(cond, body, init)`, or with `unrolled` a loop of at most `max_passes`
+    passes made of `lax.scan` and `lax.cond`, which reverse mode differentiates and which
+    pays for the passes it runs, not for `max_passes`.
 
     Used for the outer loop and for inner loops such as line searches, so that an unrolled
     solve never contains a `while_loop`. The caller guarantees that `cond` turns false
     within `max_passes` passes.
+
+    Unrolled, its value and every derivative are those of a `scan` of `max_passes` passes
+    of `where(cond(c), body(c), c)`. The passes run in blocks of `BLOCK_PASSES`, and the
+    blocks in groups of about `sqrt(max_passes / BLOCK_PASSES)`; a block or a group runs
+    under a `lax.cond` on `cond` at its start, so a loop that has stopped skips the rest at
+    the cost of one test per group. A loop that stops after `k` passes evaluates `body`
+    `k + BLOCK_PASSES - 1` times at most, whatever `max_passes`.
+
+    Groups and blocks are checkpointed (`jax.checkpoint`). Reverse mode stores the carry at
+    the start of each group; in the backward pass it runs each group that ran again,
+    storing its blocks' carries, then each of those blocks once more, storing one block's
+    residuals at a time. A gradient therefore costs about three forward passes and one
+    backward pass over the passes run, and its memory is about `2 sqrt(max_passes / 2)`
+    carries plus one block of residuals. (Without the group checkpoint the residuals of a
+    group's `lax.cond`, which include the arrays `body` closes over, would be stored once per
+    group.) Within a block the passes keep `where`: under `vmap` a finished example is
+    frozen by it, and a block or group is skipped once every example of the batch has
+    finished (`_any_example`), so a batch costs the passes its slowest example needs.
     """
     if not unrolled:
         return jax.lax.while_loop(cond, body, init)
+    if max_passes <= 0:
+        return init
+    size = min(BLOCK_PASSES, max_passes)
+    blocks = -(-max_passes // size)
+    group = math.isqrt(blocks - 1) + 1  # ceil(sqrt(blocks)) blocks per group
+    groups = -(-blocks // group)
+    ragged = groups * group * size != max_passes  # passes beyond max_passes at the end
 
-    def scan_body(carry, _):
-        return tree_where(cond(carry), body(carry), carry), None
+    def one_pass(carry, index):
+        go = cond(carry)
+        if ragged:
+            go = go & (index < max_passes)
+        return tree_where(go, body(carry), carry), None
 
-    final, _ = jax.lax.scan(scan_body, init, None, length=max_passes)
-    return final
+    def unless_stopped(run: Callable[[Any, Array], Any]) -> Callable:
+        """A checkpointed scan step that calls `run(carry, first_pass)` unless stopped."""
+
+        @functools.partial(jax.checkpoint, prevent_cse=False)  # in a scan: no CSE to prevent
+        def step(carry, first):
+            return jax.lax.cond(_any_example(cond(carry)), run, _same, carry, first), None
+
+        return step
+
+    def passes(carry, first):
+        return jax.lax.scan(one_pass, carry, first + jnp.arange(size, dtype=jnp.int32))[0]
+
+    block = unless_stopped(passes)
+
+    def blocks_of_group(carry, first):
+        starts = first + size * jnp.arange(group, dtype=jnp.int32)
+        return jax.lax.scan(block, carry, starts)[0]
+
+    starts = jnp.arange(0, groups * group * size, group * size, dtype=jnp.int32)
+    return jax.lax.scan(unless_stopped(blocks_of_group), init, starts)[0]
+
+
+#: Passes per block of an unrolled `bounded_while`: the most it runs after its loop stops,
+#: plus one.
+BLOCK_PASSES = 2
+
+
+def _same(carry: Any, first: Array) -> Any:
+    del first
+    return carry
+
+
+@jax.custom_batching.custom_vmap
+def _any_example(pred: Bool[Array, ""]) -> Bool[Array, ""]:
+    """`pred`; under `vmap`, whether it holds for any example (an unbatched boolean), so
+    that a `lax.cond` on it stays a branch instead of becoming a `select` of both."""
+    return pred
+
+
+@_any_example.def_vmap
+def _any_example_vmap(axis_size: int, in_batched: list[bool], pred: Any) -> tuple[Any, bool]:
+    del axis_size
+    if in_batched[0]:
+        # Again through `_any_example`: under nested `vmap`s every level reduces its axis.
+        pred = _any_example(jnp.any(pred, axis=0))
+    return pred, False
 
 
 class AbstractObjective(eqx.Module):
