@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from _fixtures import optimised
 
 import energyattn as ea
 from energyattn.data import (
@@ -343,17 +344,16 @@ def trained_attractor():
     train = np.asarray(load_digits("train").images, np.float32)[:, None]
     test = np.asarray(load_digits("test").images[:200], np.float32)[:, None]
     model = AttractorImageModel(dim=32, num_steps=20, key=jr.key(0), dtype=jnp.float32)
-    result = train_attractor(
-        model, train, key=jr.key(1), train_steps=300, options=ea.models.TrainOptions(progress=False)
-    )
-    curves = {
-        task: reconstruction_curves(result.model, test, task=task, key=jr.key(2), num_steps=20)
-        for task in ("masked", "denoise")
-    }
+    with optimised():  # 300 training steps
+        options = ea.models.TrainOptions(progress=False)
+        result = train_attractor(model, train, key=jr.key(1), train_steps=300, options=options)
+        curves = {
+            task: reconstruction_curves(result.model, test, task=task, key=jr.key(2), num_steps=20)
+            for task in ("masked", "denoise")
+        }
     return model, result, curves
 
 
-@pytest.mark.optimised_xla  # the fixture trains for 300 steps
 def test_training_keeps_the_constraints_and_lowers_the_energy(trained_attractor):
     initial, result, _ = trained_attractor
     couplings = result.model.attention.couplings
@@ -367,7 +367,6 @@ def test_training_keeps_the_constraints_and_lowers_the_energy(trained_attractor)
     assert losses[-50:].mean() < losses[:10].mean() - 1.0
 
 
-@pytest.mark.optimised_xla  # the fixture trains for 300 steps
 def test_transient_memories_on_held_out_digits(trained_attractor):
     # Masked prediction: the error is lowest at an intermediate iteration (after the corrupted
     # input at t = 0, before the end at t = 20) and rises afterwards towards the global

@@ -33,7 +33,7 @@ def test_default_model_is_small_and_maps_images_to_logits(getkey):
     assert solution.converged
 
 
-@pytest.mark.optimised_xla  # trains for hundreds of steps
+@pytest.mark.usefixtures("optimised_xla")  # trains for hundreds of steps
 def test_short_training_learns_digits():
     train, test = load_digits("train"), load_digits("test")
     model = ea.models.MeanFieldClassifier(key=jr.key(0))

@@ -195,7 +195,8 @@ def energy_lower_bound(et, num_tokens):
     return attention + memory
 
 
-@pytest.mark.optimised_xla  # 3000 descent steps: the run, not the compilation, dominates
+# 3000 descent steps: the run, not the compilation, dominates.
+@pytest.mark.usefixtures("optimised_xla")
 @pytest.mark.parametrize("include_self", [False, True])
 def test_lyapunov_energy_decreases_and_is_bounded_tutorial_config(getkey, include_self):
     # The tutorial's check: small config, 100 tokens, 3000 steps of size 0.5, random weights.

@@ -14,8 +14,8 @@ a small CPU), so the sign-dynamics tests share a few jitted programs: `_async` /
 NUM_SWEEPS sweeps from a (NUM_STARTS, DIM) batch of states, and every test that can uses
 energies of the same types and shapes (classical with or without bias, x^3, exp). The
 exponential memory of 1000 patterns is the exception: its sweeps (every unit's update
-evaluates the energy, 1000 overlaps) run for seconds, so the tests that run it are marked
-`optimised_xla`.
+evaluates the energy, 1000 overlaps) run for seconds, so the tests that run it use the
+`optimised_xla` fixture.
 """
 
 import functools
@@ -308,8 +308,8 @@ def _energies_and_single_flips(energy, trajectory, final):
     return jax.vmap(jax.vmap(energy))(trajectory), neighbours
 
 
-# Marked: the exponential memories' sweeps (1000 patterns) run for seconds at -O0.
-@pytest.mark.optimised_xla
+# The exponential memories' sweeps (1000 patterns) run for seconds at -O0.
+@pytest.mark.usefixtures("optimised_xla")
 @pytest.mark.parametrize("random_order", [False, True], ids=["fixed-order", "random-order"])
 def test_async_sweeps_never_increase_energy(getkey, random_order):
     starts = _patterns(getkey(), NUM_STARTS)
@@ -430,7 +430,8 @@ def test_dense_polynomial_retrieves_load_1d(getkey, rectified):
     assert _retrieval_fraction(_classical(x), x, key, "classical, same load") <= 0.05
 
 
-@pytest.mark.optimised_xla  # 1000 patterns: the exponential memory's sweeps run for seconds
+# 1000 patterns: the exponential memory's sweeps run for seconds.
+@pytest.mark.usefixtures("optimised_xla")
 def test_dense_exponential_retrieves_load_10d(getkey):
     """Dense memory F(x) = exp(x), N = 10 d = 1000: about 70x the classical capacity (and far
     below 2^(d/2)). The exponential memory retrieves nearly every probe; the classical network
