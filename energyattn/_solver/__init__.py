@@ -1,7 +1,6 @@
 # The engine's interface to the rest of the package (the spin model's saddle point, layers and
 # models that report solver results); not re-exported by `energyattn` itself.
 from ._adjoint import (
-    DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS,
     AbstractAdjoint as AbstractAdjoint,
     ImplicitAdjoint as ImplicitAdjoint,
     PhantomAdjoint as PhantomAdjoint,
@@ -42,3 +41,4 @@ from ._minimise import LBFGS as LBFGS, minimise as minimise
 from ._root_find import Newton as Newton, root_find as root_find
 from ._sign import sign_descend as sign_descend
 from ._solution import RESULTS as RESULTS, Solution as Solution
+from ._solve import DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS

@@ -40,15 +40,10 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import positive_int, python_float
 from .._custom_types import State
-from ._adjoint import (
-    DEFAULT_MAX_STEPS,
-    AbstractAdjoint,
-    compiled,
-    solve_problem,
-    split_aux,
-)
+from ._adjoint import AbstractAdjoint
 from ._iterate import AbstractIterativeSolver, AbstractProblem, FixedPointProblem, Flat, rms
 from ._solution import RESULTS, Solution, Y
+from ._solve import DEFAULT_MAX_STEPS, compiled, solve_problem, split_aux
 
 
 class _Best(NamedTuple):

@@ -10,13 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._checks import check_positive, positive_int, python_float
 from .._custom_types import State
-from ._adjoint import (
-    DEFAULT_MAX_STEPS,
-    AbstractAdjoint,
-    compiled,
-    solve_problem,
-    split_aux,
-)
+from ._adjoint import AbstractAdjoint
 from ._fixed_point import AbstractFixedPointSolver
 from ._iterate import (
     AbstractIterativeSolver,
@@ -30,6 +24,7 @@ from ._iterate import (
 )
 from ._linesearch import AbstractLineSearchSolver
 from ._solution import RESULTS, Solution, Y
+from ._solve import DEFAULT_MAX_STEPS, compiled, solve_problem, split_aux
 
 
 class _Pairs(NamedTuple):

@@ -19,13 +19,7 @@ from .._linalg import (
     lu_solve,
     upper_cholesky,
 )
-from ._adjoint import (
-    DEFAULT_MAX_STEPS,
-    AbstractAdjoint,
-    compiled,
-    solve_problem,
-    split_aux,
-)
+from ._adjoint import AbstractAdjoint
 from ._iterate import (
     AbstractIterativeSolver,
     AbstractProblem,
@@ -39,6 +33,7 @@ from ._krylov import minimum_direction, root_direction
 from ._linear import DENSE_LIMIT, FACTOR_CHECK
 from ._linesearch import AbstractLineSearchSolver, Trial
 from ._solution import RESULTS, Solution, Y
+from ._solve import DEFAULT_MAX_STEPS, compiled, solve_problem, split_aux
 
 #: The most diagonal shifts tried when a Hessian is not positive definite.
 _MAX_SHIFTS = 40
