@@ -33,12 +33,12 @@ from ._linear import (
     AutoLinearSolver as AutoLinearSolver,
     Cholesky as Cholesky,
 )
-from ._linesearch import Trial as Trial
 from ._local import local_forces as local_forces
 from ._minimise import minimise as minimise
 from ._newton import Newton as Newton
 from ._picard import Picard as Picard
 from ._root_find import root_find as root_find
+from ._search import Trial as Trial
 from ._sign import sign_descend as sign_descend
 from ._solution import RESULTS as RESULTS, Solution as Solution
 from ._solve import DEFAULT_MAX_STEPS as DEFAULT_MAX_STEPS

@@ -38,7 +38,9 @@ from ._iterate import (
 )
 from ._krylov import minimum_direction, root_direction
 from ._linear import DENSE_LIMIT, FACTOR_CHECK
-from ._linesearch import AbstractLineSearchSolver, Trial
+from ._linesearch import AbstractLineSearchSolver
+from ._merit import merit_of
+from ._search import Trial
 from ._solution import RESULTS
 
 #: The most diagonal shifts tried when a Hessian is not positive definite.
@@ -248,7 +250,7 @@ class Newton(AbstractLineSearchSolver):
         return not self.matrix_free(n)
 
     def init_memory(self, problem, y, args):
-        value_fn = self.merit(problem, args)
+        value_fn = merit_of(problem, args).value
 
         def shapes(y):
             f, scale, aux = value_fn(y)
