@@ -1,7 +1,7 @@
 """What does `eqx.filter_jit` on the solver entry points cost under outer transformations?
 
 The entry points (`ea.fixed_point`, `ea.root_find`, `ea.minimise`) carry `eqx.filter_jit`
-(`compiled` in `energyattn/_solver/_adjoint.py`), as optimistix's do, so under `jit`, `grad`
+(`compiled` in `energyattn/_solver/_solve.py`), as optimistix's do, so under `jit`, `grad`
 or `vmap` a solve is a nested `jit` (a `pjit` equation the transformations pass through).
 This script compares that with the undecorated entry point (`entry.__wrapped__`) traced
 straight into the caller's program, on the same problems, in the same process:
