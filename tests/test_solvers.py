@@ -764,17 +764,18 @@ def _loop_loss(x, y0, stop, max_passes, loop=bounded_while, calls=None):
 
 def test_unrolled_loop_is_the_masked_scan_but_skips_the_blocks_after_it_stops():
     """Unrolled, `bounded_while` gives what a `scan` of every pass up to its bound gives
-    (value, gradient and JVP, per example under `vmap`; 50 passes at most: 5 groups of 5
-    blocks of 2), but runs `body` only in the blocks the loop reaches: for 5 passes, 6
-    forward at a bound of 5 (the last group cut short) and at 49, and 18 under `jax.grad`
-    at 50 (the passes run once forward, then again in the backward pass for the group's
-    checkpoint and for each block's), where the masked scan runs 5, 49 and 50."""
+    (value, gradient and JVP, per example under `vmap`; 100 passes at most: 7 groups of 8
+    blocks of 2, the last cut short), but runs `body` only in the blocks the loop reaches:
+    for 5 passes, 6 forward at a bound of 5 and at 49 (25 blocks, not grouped), 12 under
+    `jax.grad` at 50 (the blocks that ran run again in the backward pass, from their
+    checkpoints) and 18 at 100 (again for the group's checkpoint), where the masked scan
+    runs 5, 49, 50 and 100."""
     calls = []
 
     @jax.jit
     def run(x, y0, stops):
         def derivatives(x, y0, stop, loop):
-            f = lambda x, y0: _loop_loss(x, y0, stop, 50, loop)  # noqa: E731
+            f = lambda x, y0: _loop_loss(x, y0, stop, 100, loop)  # noqa: E731
             jvp = jax.jvp(f, (x, y0), (jnp.ones_like(x), jnp.ones_like(y0)))[1]
             return jax.value_and_grad(f, (0, 1))(x, y0), jvp
 
@@ -782,20 +783,24 @@ def test_unrolled_loop_is_the_masked_scan_but_skips_the_blocks_after_it_stops():
             jax.vmap(lambda x, y0, stop, loop=loop: derivatives(x, y0, stop, loop))(x, y0, stops)
             for loop in (bounded_while, _masked_scan)
         ]
-        grad = jax.value_and_grad(lambda x: _loop_loss(x, y0[1], 5, 50, calls=calls))
-        counted = [_loop_loss(x[1], y0[1], 5, m, calls=calls) for m in (5, 49)], grad(x[1])
+        grads = [
+            jax.value_and_grad(lambda x, m=m: _loop_loss(x, y0[1], 5, m, calls=calls))(x[1])
+            for m in (50, 100)
+        ]
+        counted = [_loop_loss(x[1], y0[1], 5, m, calls=calls) for m in (5, 49)], grads
         return batched, counted
 
     x, y0, stops = jnp.array([0.7, 0.9]), jnp.array([[0.3, -1.0], [1.0, 2.0]]), jnp.array([3, 5])
-    (bounded, masked), (values, (value, grad)) = jax.block_until_ready(run(x, y0, stops))
+    (bounded, masked), (values, grads) = jax.block_until_ready(run(x, y0, stops))
     jax.effects_barrier()
     for got, want in zip(jax.tree.leaves(bounded), jax.tree.leaves(masked), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
     # The second example alone, as in the batch, at every bound.
     (batched_value, (batched_grad, _)), _ = bounded
-    np.testing.assert_allclose([*values, value], batched_value[1], rtol=1e-15)
-    np.testing.assert_allclose(grad, batched_grad[1], rtol=1e-14)
-    assert {m: calls.count(m) for m in (5, 49, 50)} == {5: 6, 49: 6, 50: 18}
+    for value, grad in grads:
+        np.testing.assert_allclose([*values, value], batched_value[1], rtol=1e-15)
+        np.testing.assert_allclose(grad, batched_grad[1], rtol=1e-14)
+    assert {m: calls.count(m) for m in (5, 49, 50, 100)} == {5: 6, 49: 6, 50: 12, 100: 18}
 
 
 def test_unrolled_fixed_point_is_the_same_whatever_max_steps_once_converged(getkey):
@@ -842,9 +847,9 @@ def test_unrolled_fixed_point_is_the_same_whatever_max_steps_once_converged(getk
 def test_unrolled_gradient_memory_does_not_grow_with_max_steps(getkey):
     """Reverse mode through an unrolled solve stores states per group of passes, not the
     map's constants per group or per pass: the compiled gradient's temporary memory at
-    max_steps=256 is within 1.5x of that at 16 (about 1.1x; storing the 128x128 matrix per
-    group would make it 2.5x), and a few copies of the matrix in all
-    (the cotangent accumulators of the nested scans)."""
+    max_steps=256 is within 1.5x of that at 100 (both grouped; storing the 128x128 matrix
+    per group made it 2.5x that at 16), a few copies of the matrix in all (the cotangent
+    accumulators of the nested scans)."""
     n = 128
     W = jax.random.normal(getkey(), (n, n))
     W, x = 0.5 * W / jnp.linalg.norm(W, 2), jax.random.normal(getkey(), (n,))
@@ -863,9 +868,9 @@ def test_unrolled_gradient_memory_does_not_grow_with_max_steps(getkey):
 
         return jax.jit(jax.grad(loss)).lower(W).compile().memory_analysis().temp_size_in_bytes
 
-    short, default = temp_bytes(16), temp_bytes(256)
+    short, default = temp_bytes(100), temp_bytes(256)
     assert default <= 1.5 * short, (short, default)
-    assert default <= 8 * W.nbytes, default / W.nbytes
+    assert default <= 6 * W.nbytes, default / W.nbytes
 
 
 # --------------------------------------------------------------------------------------------

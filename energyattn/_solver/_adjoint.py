@@ -203,14 +203,14 @@ class UnrolledAdjoint(AbstractAdjoint):
     The loop, and the solvers' line searches inside it, become loops of at most
     `max_steps` passes made of `lax.scan` and `lax.cond` that skip the passes after the
     solve has converged: time grows with the steps taken, not with `max_steps` (a gradient
-    at the default 256 costs at most about 1.5 times what it does at 16 for a solve of a
+    at the default 256 costs 1.1-1.7 times what it does at 16 for a solve of a
     few steps, `benchmarks/unrolled.py`), and the result, its statistics and its
     derivatives are the same for any `max_steps` above the steps taken. `k` steps cost at
-    most `k + 1` passes (blocks of two). Reverse mode checkpoints groups of blocks: it
-    stores about `2 sqrt(max_steps / 2)` states and one block's intermediate values at a
-    time, and runs the passes taken three times forward (twice more for the checkpoints)
-    and once backward. Under `vmap` a finished example waits for the others (frozen),
-    and the loop stops when all have finished.
+    most `k + 1` passes (blocks of two). Reverse mode checkpoints the blocks (and, beyond
+    64 steps, groups of them): it stores a state per block (about `2 sqrt(max_steps / 2)`
+    when grouped) and one block's intermediate values at a time, and runs the passes taken
+    twice forward (three times when grouped) and once backward. Under `vmap` a finished
+    example waits for the others (frozen), and the loop stops when all have finished.
     """
 
     def solve(self, solver, problem, y0, args, *, max_steps, throw):

@@ -80,19 +80,21 @@ def bounded_while(
     within `max_passes` passes.
 
     Unrolled, its value and every derivative are those of a `scan` of `max_passes` passes
-    of `where(cond(c), body(c), c)`. The passes run in blocks of `BLOCK_PASSES`, and the
-    blocks in groups of about `sqrt(max_passes / BLOCK_PASSES)`; a block or a group runs
-    under a `lax.cond` on `cond` at its start, so a loop that has stopped skips the rest at
-    the cost of one test per group. A loop that stops after `k` passes evaluates `body`
-    `k + BLOCK_PASSES - 1` times at most, whatever `max_passes`.
+    of `where(cond(c), body(c), c)`. The passes run in blocks of `BLOCK_PASSES`, and beyond
+    `MAX_UNGROUPED` blocks the blocks run in groups of about `sqrt(max_passes /
+    BLOCK_PASSES)`; a block or a group runs under a `lax.cond` on `cond` at its start, so a
+    loop that has stopped skips the rest at the cost of one test per block or group. A loop
+    that stops after `k` passes evaluates `body` `k + BLOCK_PASSES - 1` times at most,
+    whatever `max_passes`.
 
-    Groups and blocks are checkpointed (`jax.checkpoint`). Reverse mode stores the carry at
-    the start of each group; in the backward pass it runs each group that ran again,
-    storing its blocks' carries, then each of those blocks once more, storing one block's
-    residuals at a time. A gradient therefore costs about three forward passes and one
-    backward pass over the passes run, and its memory is about `2 sqrt(max_passes / 2)`
-    carries plus one block of residuals. (Without the group checkpoint the residuals of a
-    group's `lax.cond`, which include the arrays `body` closes over, would be stored once per
+    Blocks and groups are checkpointed (`jax.checkpoint`). Reverse mode stores the carry at
+    the start of each block (of each group, when grouped); in the backward pass it runs
+    each group that ran again, storing its blocks' carries, then each of those blocks once
+    more, storing one block's residuals at a time. A gradient therefore costs about two
+    forward passes (three when grouped) and one backward pass over the passes run, and its
+    memory is at most `MAX_UNGROUPED` carries (about `2 sqrt(max_passes / 2)` when grouped)
+    plus one block of residuals. (Without the group checkpoint the residuals of a group's
+    `lax.cond`, which include the arrays `body` closes over, would be stored once per
     group.) Within a block the passes keep `where`: under `vmap` a finished example is
     frozen by it, and a block or group is skipped once every example of the batch has
     finished (`_any_example`), so a batch costs the passes its slowest example needs.
@@ -103,7 +105,8 @@ def bounded_while(
         return init
     size = min(BLOCK_PASSES, max_passes)
     blocks = -(-max_passes // size)
-    group = math.isqrt(blocks - 1) + 1  # ceil(sqrt(blocks)) blocks per group
+    # ceil(sqrt(blocks)) blocks per group; one group (no group level) for a few blocks.
+    group = blocks if blocks <= MAX_UNGROUPED else math.isqrt(blocks - 1) + 1
     groups = -(-blocks // group)
     ragged = groups * group * size != max_passes  # passes beyond max_passes at the end
 
@@ -131,6 +134,8 @@ def bounded_while(
         starts = first + size * jnp.arange(group, dtype=jnp.int32)
         return jax.lax.scan(block, carry, starts)[0]
 
+    if groups == 1:
+        return blocks_of_group(init, jnp.zeros((), jnp.int32))
     starts = jnp.arange(0, groups * group * size, group * size, dtype=jnp.int32)
     return jax.lax.scan(unless_stopped(blocks_of_group), init, starts)[0]
 
@@ -138,6 +143,10 @@ def bounded_while(
 #: Passes per block of an unrolled `bounded_while`: the most it runs after its loop stops,
 #: plus one.
 BLOCK_PASSES = 2
+#: The most blocks an unrolled `bounded_while` runs without grouping them: up to this many
+#: it stores a carry per block, and compiles its body three times (forward, checkpoint,
+#: backward) instead of four.
+MAX_UNGROUPED = 32
 
 
 def _same(carry: Any, first: Array) -> Any:

@@ -414,8 +414,8 @@ def steady_state(
     - `adjoint`: how derivatives pass through $m^*$ (default implicit).
     - `max_steps`: the most evaluations of the map (default 256, the package's one bound for
       every solve; the default solver takes 4 to 10). With `ea.UnrolledAdjoint()` the loop
-      stops when the solve does too (reverse mode stores about `2 sqrt(max_steps / 2)`
-      states).
+      stops when the solve does too (reverse mode stores a state per two steps, about
+      `2 sqrt(max_steps / 2)` beyond 64 steps).
     - `throw`: raise (at run time) unless the solve succeeded (default). With `False` the
       failure is in `result`: `RESULTS.max_steps_reached`, `RESULTS.diverged`,
       `RESULTS.nonfinite` (a magnetization reached the sphere, $\lVert m_i\rVert \to R$,
