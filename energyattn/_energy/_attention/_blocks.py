@@ -106,6 +106,14 @@ def _blocks(x, block_size):
     return jnp.pad(x, pad).reshape(num_blocks, block_size, *x.shape[1:])
 
 
+def _key_blocks(k, keyed, acc, block_size):
+    """The keys' blocks: those of the per-key arrays when the keys are one of them in the
+    same dtype (one copy in the loop, not two)."""
+    if KEYS in keyed and k.dtype == acc:
+        return keyed[KEYS]
+    return _blocks(k, block_size)
+
+
 def _mask_blocks(mask, mem, block_size):
     """The mask's per-block pieces, as a scan takes them: a dense mask's columns as
     `(blocks, seq, block_size)`, segment ids' key ids as `(blocks, block_size)` (padding
@@ -292,7 +300,12 @@ def forward_chunk(
         sums = online_terms(sums, rescale, probs, terms, pair, values)
         return (new_max, total, out, *sums), None
 
-    xs = (_blocks(k, block_size), keyed, _mask_blocks(mask, mem, block_size), starts)
+    xs = (
+        _key_blocks(k, keyed, acc, block_size),
+        keyed,
+        _mask_blocks(mask, mem, block_size),
+        starts,
+    )
     carry, _ = jax.lax.scan(body, carry, xs)
     return carry
 
@@ -364,7 +377,12 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
                 col_out.append(jnp.einsum("ds,sb->db", cols_t[term.value], w))
         return tuple(sums), tuple(col_out)
 
-    xs = (_blocks(k, block_size), keyed, _mask_blocks(mask, mem, block_size), starts)
+    xs = (
+        _key_blocks(k, keyed, acc, block_size),
+        keyed,
+        _mask_blocks(mask, mem, block_size),
+        starts,
+    )
     carry, col_t = jax.lax.scan(body, carry, xs)
     # (blocks, dim, block_size) -> (mem, dim)
     cols = tuple(c.transpose(0, 2, 1).reshape(-1, c.shape[1])[:mem] for c in col_t)
