@@ -14,6 +14,7 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_finite, check_shape, concrete_value, positive_int, shape_str
+from .._dtypes import accumulation_dtype, result_dtype
 from .._energy import (
     BlockSize,
     attention_logsumexp,
@@ -65,7 +66,7 @@ def causal_attention(
     method = select_implementation(
         implementation,
         entries=q.shape[0] * k.shape[0],
-        dtype=jnp.result_type(q, k),
+        dtype=result_dtype(q, k),
         head_dim=q.shape[-1],
         structured_mask=True,
     )
@@ -82,7 +83,7 @@ def causal_attention(
             return naive_on_cpu(
                 explicit,
                 lambda: _gradient_attention(q, k, v, scale, own, "blockwise", block_size),
-                jnp.promote_types(jnp.result_type(q, k), jnp.float32),
+                accumulation_dtype(q, k),
             )
     return _gradient_attention(q, k, v, scale, own, method, block_size)
 
@@ -106,13 +107,13 @@ def _gradient_attention(q, k, v, scale, own, method, block_size):
             lse = jnp.logaddexp(lse, mine.astype(lse.dtype))
         return jnp.sum(lse)
 
-    u = jnp.zeros((q.shape[0], width), jnp.result_type(q, v))
+    u = jnp.zeros((q.shape[0], width), result_dtype(q, v))
     return (jax.grad(total)(u) / scale).astype(v.dtype)
 
 
 def _explicit_causal_attention(q: Array, k: Array, v: Array, scale: float, own: Any) -> Array:
     """`causal_attention` on the naive path: the masked softmax of the whole score matrix."""
-    acc = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+    acc = accumulation_dtype(q, k)
     seq = q.shape[0]
     scores = scale * jnp.einsum("sd,md->sm", q, k, preferred_element_type=acc)
     scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), scores, -jnp.inf)
