@@ -303,6 +303,9 @@ class CausalTransformer(eqx.Module):
             q, k, v = block.heads(h, self.num_heads)
             return block.finish(h, self.attend(q, k, v)), (k, v)
 
+        # Tokens narrower than the weights (float32 data, a float64 model) are cast as standard
+        # promotion would, explicitly: strict promotion refuses the implicit cast.
+        x = x.astype(result_dtype(x, self.embed.weight))
         h0 = jax.vmap(self.embed)(x) + self.positions[: x.shape[0]]
         return jax.lax.scan(layer, h0, weights)
 
@@ -335,7 +338,9 @@ def next_token_error(predictions: Array, x: Array) -> Array:
             "with the same seq and token_dim (and leading axes that broadcast), got "
             f"predictions {shape_str(p_shape)} and x {shape_str(x_shape)}"
         )
-    return jnp.mean(jnp.square(predictions[..., :-1, :] - x[..., 1:, :]))
+    dtype = result_dtype(predictions, x)  # explicit, as strict dtype promotion wants
+    error = jnp.asarray(predictions, dtype)[..., :-1, :] - jnp.asarray(x, dtype)[..., 1:, :]
+    return jnp.mean(jnp.square(error))
 
 
 def _check_sequences(model: CausalTransformer, sequences: Any, batch_size: int) -> Array:

@@ -162,7 +162,7 @@ class MeanFieldAttention(eqx.Module):
         self.sym_sites = tap if sym_sites is None else bool(sym_sites)
         self.lin_response = bool(lin_response)
         dtype = default_dtype(dtype)
-        std = 1 / np.sqrt(num_spins * dim**2) if weight_std is None else float(weight_std)
+        std = float(1 / np.sqrt(num_spins * dim**2) if weight_std is None else weight_std)
         wkey, mkey = jr.split(key)
         self.weight = (std * jr.normal(wkey, (num_spins, num_spins, dim, dim), dtype)).astype(dtype)
         if tap:
