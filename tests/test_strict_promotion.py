@@ -97,14 +97,15 @@ def test_attention_layers(dtype):
 
 
 @jax.jit
-def _afem(J, H):
-    return ea.spin.free_energy(J, H, beta=1.0)
+def _afem_phi(t, J, H):
+    return jax.value_and_grad(lambda t: ea.spin.phi(t, J, H, beta=1.0))(t)
 
 
-def test_afem_free_energy():
-    """A Newton solve for the saddle point, in float32 (the rest of the suite's float64)."""
-    (H,) = _inputs(jnp.float32, (4, 3))
-    J = (0.1 * jnp.ones((4, 4)) - 0.1 * jnp.eye(4)).astype(jnp.float32)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: jnp.dtype(d).name)
+def test_afem_phi(dtype):
+    """AFEM's steepest-descent function and its gradient (Cholesky, triangular solves)."""
+    (H,) = _inputs(dtype, (4, 3))
+    J = (0.1 * jnp.ones((4, 4)) - 0.1 * jnp.eye(4)).astype(dtype)
     with _strict():
-        f = _afem(J, H / 3)
-    assert f.dtype == jnp.float32 and np.isfinite(f)
+        value, grad = _afem_phi(jnp.full(4, 2.0, dtype), J, H / 3)
+    assert value.dtype == grad.dtype == dtype and np.isfinite(value)
