@@ -8,6 +8,7 @@ import jax.scipy.linalg as jsl
 from jax.interpreters import ad
 from jaxtyping import Array, Float
 
+from ._dtypes import result_dtype
 from ._vprim import create_vprim
 
 
@@ -122,7 +123,7 @@ def product(a: Float[Array, "i k"], b: Float[Array, "k j"]) -> Float[Array, "i j
     $B$ only: a product whose left operand is itself a tangent has no transpose here (write
     `@` there). The operands are promoted to one dtype first, as `@` does.
     """
-    dtype = jnp.result_type(a, b)
+    dtype = result_dtype(a, b)
     a, b = a.astype(dtype), b.astype(dtype)
     return _product_p.bind(a, a.T, b)[0]
 

@@ -48,7 +48,11 @@ def train_step(
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, static, *args)
     else:
         loss, grads = jax.value_and_grad(loss_fn)(params, static, *args)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
+    # optax's own arithmetic is not strict-promotion clean (Adam's bias correction raises a
+    # Python float to an int32 step count): the update runs in the standard mode whatever the
+    # user's, and gives back the dtypes it always does.
+    with jax.numpy_dtype_promotion("standard"):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     if project is not None:
         params = project(params, static)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import energyattn as ea
+from energyattn._dtypes import accumulation_dtype
 from energyattn._energy import _attention
 from energyattn._energy._attention import _cudnn
 
@@ -35,7 +36,7 @@ def lse_path(path, block_size=3):
     (seq,)`."""
 
     def rows(q, k, beta, mask, exclude_self, causal=False):
-        beta = jnp.asarray(beta, jnp.promote_types(q.dtype, jnp.float32))
+        beta = jnp.asarray(beta, accumulation_dtype(q))
         ring = (mesh_of(int(path[4:])), "seq") if path.startswith("ring") else None
         method = {"fused": "cudnn", "naive": "naive", "pallas": "pallas"}.get(path, "blockwise")
         blocks = _attention.as_block_sizes(block_size)

@@ -216,7 +216,7 @@ def test_float32_saddle_point_with_huge_fields():
 def test_the_audits_messages_name_their_cause(user_mode):
     q, m = jnp.ones((3, 4)), jnp.ones((5, 4))
     with pytest.raises(ValueError, match="query must be real, got complex dtype complex"):
-        ea.hopfield_energy(q + 1j, m)
+        ea.hopfield_energy(q.astype(complex) + 1j, m)  # explicit: strict promotion
     with pytest.raises(ValueError, match="beta must be finite, got inf"):
         ea.hopfield_energy(q, m, beta=float("inf"))
     with pytest.raises(ValueError, match="beta must be finite, got inf"):

@@ -17,6 +17,7 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import Scalar, ScalarLike
+from .._dtypes import accumulation_dtype, result_dtype
 from .._mask import SegmentIds
 from .._sharding import split_rows
 from ._attention import (
@@ -124,11 +125,11 @@ def hopfield_energy_over(
     method = select_implementation(
         implementation,
         entries=query.shape[0] * memory.shape[0],
-        dtype=jnp.result_type(query, memory),
+        dtype=result_dtype(query, memory),
         head_dim=query.shape[1],
         structured_mask=mask is not None,
     )
-    acc = jnp.promote_types(jnp.result_type(query, memory), jnp.float32)
+    acc = accumulation_dtype(query, memory)
     beta = beta.astype(acc)
     lse = lse_rows(query, memory, beta, mask, False, method, as_block_sizes(block_size), ring)
     quadratic = 0.5 * jnp.sum(jnp.square(query.astype(acc)))

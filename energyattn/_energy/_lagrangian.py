@@ -14,6 +14,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._checks import check_positive, check_values, shape_str
 from .._custom_types import Scalar, ScalarLike
+from .._dtypes import result_dtype
 
 
 def layer_norm_lagrangian(
@@ -69,7 +70,8 @@ def layer_norm_lagrangian(
         delta = jnp.asarray(delta)
         if delta.shape != (dim,):
             raise ValueError(f"delta must have shape (dim={dim},), got {tuple(delta.shape)}")
-        value = value + jnp.sum(x * delta)
+        dtype = result_dtype(x, delta)  # explicit, as strict dtype promotion wants
+        value = value.astype(dtype) + jnp.sum(x.astype(dtype) * delta.astype(dtype))
     return value
 
 

@@ -11,6 +11,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._checks import check_finite, check_positive, check_shape, concrete_value, shape_str
 from .._custom_types import Scalar, ScalarLike
+from .._dtypes import accumulation_dtype
 from .._sharding import explicit_sequence_axis, like_rows
 from ._attention import masked_logsumexp
 from ._base import AbstractEnergy
@@ -121,7 +122,7 @@ def local_energy(
 def _local_energy(x_i: Array, x: Array, i: Array, couplings: Array, lam: Array) -> Scalar:
     """`local_energy` on checked inputs (`i` in range)."""
     num_tokens = couplings.shape[0]
-    acc = jnp.promote_types(jnp.result_type(x_i, x, couplings), jnp.float32)
+    acc = accumulation_dtype(x_i, x, couplings)
     others = jnp.arange(num_tokens) != i
     # J_ii is zeroed before the product: its score is masked out of the sum, but in the
     # backward pass a zero cotangent times a non-finite J_ii would still give NaN.

@@ -9,6 +9,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_mask, check_matching_dim, check_positive, check_shape, keyword_arguments
 from .._custom_types import Scalar, ScalarLike
+from .._dtypes import accumulation_dtype, result_dtype
 from .._mask import SegmentIds
 from ._attention import (
     BlockSize,
@@ -23,11 +24,6 @@ from ._attention import (
 from ._base import AbstractEnergy
 
 MemoryKind = Literal["relu", "softmax"]
-
-
-def _accumulation_dtype(*arrays: Array) -> Any:
-    # Scores and log-sum-exps accumulate in at least float32 (bfloat16 inputs stay usable).
-    return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
 
 
 @keyword_arguments("ea.transformer_attention_energy")
@@ -97,12 +93,12 @@ def transformer_attention_energy(
     method = select_implementation(
         implementation,
         entries=heads * seq * seq,
-        dtype=jnp.result_type(g, w_query, w_key),
+        dtype=result_dtype(g, w_query, w_key),
         head_dim=head_dim,
         structured_mask=mask is not None or not include_self,
     )
     g, w_query, w_key = jnp.asarray(g), jnp.asarray(w_query), jnp.asarray(w_key)
-    acc = _accumulation_dtype(g, w_query, w_key)
+    acc = accumulation_dtype(g, w_query, w_key)
     queries = jnp.einsum("cd,hyd->hcy", g, w_query, preferred_element_type=acc)
     keys = jnp.einsum("bd,hyd->hby", g, w_key, preferred_element_type=acc)
     beta = beta.astype(acc)
@@ -154,7 +150,7 @@ def transformer_memory_energy(
     """
     check_matching_dim("g", g, "seq dim", "memories", memories, "mem dim")
     g, memories = jnp.asarray(g), jnp.asarray(memories)
-    acc = _accumulation_dtype(g, memories)
+    acc = accumulation_dtype(g, memories)
     hidden = jnp.einsum("bd,md->bm", g, memories, preferred_element_type=acc)
     if kind == "relu":
         return -0.5 * jnp.sum(jnp.square(jax.nn.relu(hidden)))

@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_image_shape, check_pixels, positive_int, shape_str
+from .._dtypes import accumulation_dtype, result_dtype
 from ._patches import patchify, unpatchify
 
 
@@ -22,7 +23,7 @@ def pixels_to_spins(pixels: Float[ArrayLike, "*shape"]) -> Float[Array, "*shape 
     $[0, 1]$ raise.
     """
     p = check_pixels("pixels", pixels)
-    p = p.astype(jnp.promote_types(p.dtype, jnp.float32))
+    p = p.astype(accumulation_dtype(p))
     spin = jnp.stack([p, 1 - p], axis=-1)
     return spin / jnp.sqrt(jnp.sum(jnp.square(spin), axis=-1, keepdims=True))
 
@@ -133,7 +134,7 @@ class SpinPatchEmbedding(eqx.Module):
         self._check_image(image)
         patches = patchify(image, self.patch_size)  # (N, a)
         spins = pixels_to_spins(patches).reshape(self.num_tokens, 2 * self.patch_dim)
-        spins = spins.astype(jnp.result_type(spins, self.embedding))
+        spins = spins.astype(result_dtype(spins, self.embedding))
         return spins @ self.embedding.T / np.sqrt(self.patch_dim)
 
     def decode(self, tokens: Float[ArrayLike, "N dim"]) -> Float[Array, "channels height width"]:

@@ -14,6 +14,7 @@ from einops import rearrange
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from .._checks import check_finite, check_shape, concrete_value, positive_int, shape_str
+from .._dtypes import accumulation_dtype, result_dtype
 from .._energy import (
     BlockSize,
     attention_logsumexp,
@@ -65,7 +66,7 @@ def causal_attention(
     method = select_implementation(
         implementation,
         entries=q.shape[0] * k.shape[0],
-        dtype=jnp.result_type(q, k),
+        dtype=result_dtype(q, k),
         head_dim=q.shape[-1],
         structured_mask=True,
     )
@@ -82,7 +83,7 @@ def causal_attention(
             return naive_on_cpu(
                 explicit,
                 lambda: _gradient_attention(q, k, v, scale, own, "blockwise", block_size),
-                jnp.promote_types(jnp.result_type(q, k), jnp.float32),
+                accumulation_dtype(q, k),
             )
     return _gradient_attention(q, k, v, scale, own, method, block_size)
 
@@ -106,13 +107,13 @@ def _gradient_attention(q, k, v, scale, own, method, block_size):
             lse = jnp.logaddexp(lse, mine.astype(lse.dtype))
         return jnp.sum(lse)
 
-    u = jnp.zeros((q.shape[0], width), jnp.result_type(q, v))
+    u = jnp.zeros((q.shape[0], width), result_dtype(q, v))
     return (jax.grad(total)(u) / scale).astype(v.dtype)
 
 
 def _explicit_causal_attention(q: Array, k: Array, v: Array, scale: float, own: Any) -> Array:
     """`causal_attention` on the naive path: the masked softmax of the whole score matrix."""
-    acc = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+    acc = accumulation_dtype(q, k)
     seq = q.shape[0]
     scores = scale * jnp.einsum("sd,md->sm", q, k, preferred_element_type=acc)
     scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), scores, -jnp.inf)
@@ -302,6 +303,9 @@ class CausalTransformer(eqx.Module):
             q, k, v = block.heads(h, self.num_heads)
             return block.finish(h, self.attend(q, k, v)), (k, v)
 
+        # Tokens narrower than the weights (float32 data, a float64 model) are cast as standard
+        # promotion would, explicitly: strict promotion refuses the implicit cast.
+        x = x.astype(result_dtype(x, self.embed.weight))
         h0 = jax.vmap(self.embed)(x) + self.positions[: x.shape[0]]
         return jax.lax.scan(layer, h0, weights)
 
@@ -334,7 +338,9 @@ def next_token_error(predictions: Array, x: Array) -> Array:
             "with the same seq and token_dim (and leading axes that broadcast), got "
             f"predictions {shape_str(p_shape)} and x {shape_str(x_shape)}"
         )
-    return jnp.mean(jnp.square(predictions[..., :-1, :] - x[..., 1:, :]))
+    dtype = result_dtype(predictions, x)  # explicit, as strict dtype promotion wants
+    error = jnp.asarray(predictions, dtype)[..., :-1, :] - jnp.asarray(x, dtype)[..., 1:, :]
+    return jnp.mean(jnp.square(error))
 
 
 def _check_sequences(model: CausalTransformer, sequences: Any, batch_size: int) -> Array:

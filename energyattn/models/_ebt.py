@@ -20,6 +20,7 @@ from .._checks import (
     python_float,
     shape_str,
 )
+from .._dtypes import result_dtype
 from .._energy import AbstractEnergy, BlockSize
 from .._solver import descend
 from ._causal import (
@@ -272,6 +273,7 @@ class EBTContext(AbstractEnergy):
             q_own, k_own, v_own = block.heads(h, transformer.num_heads)
             return block.finish(h, transformer.attend(q_own, k, v, own=(k_own, v_own))), None
 
+        y = y.astype(result_dtype(y, self.model.candidate_embed.weight))  # as in `states`
         h0 = jax.vmap(self.model.candidate_embed)(y) + transformer.positions[:seq]
         h, _ = jax.lax.scan(layer, h0, (weights, *self.cache))
         return jax.vmap(transformer.head)(jax.vmap(transformer.norm)(h))[:, 0]

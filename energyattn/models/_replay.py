@@ -33,7 +33,7 @@ class ReplayBuffer(eqx.Module):
         """The buffer with `predictions` written over its oldest entries."""
         capacity, seq, token_dim = self.samples.shape
         check_shape("predictions", predictions, "n seq token_dim", seq=seq, token_dim=token_dim)
-        slots = (self.count + jnp.arange(predictions.shape[0])) % capacity
+        slots = (self.count + jnp.arange(predictions.shape[0], dtype=self.count.dtype)) % capacity
         samples = self.samples.at[slots].set(predictions.astype(self.samples.dtype))
         return ReplayBuffer(samples, self.count + predictions.shape[0])
 

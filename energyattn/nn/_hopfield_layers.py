@@ -616,7 +616,7 @@ class Hopfield(eqx.Module):
     ) -> tuple[Float[Array, "heads seq mem"], Int[Array, " heads"]]:
         """Every head's final association matrix and its number of updates."""
         beta = self.scaling
-        limits = jnp.asarray([-1 if m is None else m for m in self.update_steps_max])
+        limits = jnp.asarray([-1 if m is None else m for m in self.update_steps_max], jnp.int32)
         eps = jnp.asarray(self.update_steps_eps, q.dtype)
         unlimited = self.update_steps_max[0] is None
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import Array
 
 from .._checks import check_finite, concrete_value
+from .._dtypes import result_dtype
 
 if TYPE_CHECKING:
     from ._hopfield_layers import Hopfield
@@ -94,7 +95,7 @@ def load_state_dict(cls, state, config, dtype, *, prefix, patterns=()):
     arrays = {name: jnp.asarray(value) for name, value in state.items()}
     if dtype is None:
         floats = [a.dtype for a in arrays.values() if jnp.issubdtype(a.dtype, jnp.floating)]
-        dtype = jnp.result_type(*floats) if floats else None
+        dtype = result_dtype(*floats) if floats else None
     model = cls(**config, dtype=dtype, key=jr.PRNGKey(0))
     hop = model.hopfield if prefix else model
 

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._checks import check_finite, check_shape, default_dtype, positive_int
+from .._dtypes import result_dtype
 from .._solver import (
     AbstractAdjoint,
     AbstractIterativeSolver,
@@ -161,7 +162,7 @@ class MeanFieldAttention(eqx.Module):
         self.sym_sites = tap if sym_sites is None else bool(sym_sites)
         self.lin_response = bool(lin_response)
         dtype = default_dtype(dtype)
-        std = 1 / np.sqrt(num_spins * dim**2) if weight_std is None else float(weight_std)
+        std = float(1 / np.sqrt(num_spins * dim**2) if weight_std is None else weight_std)
         wkey, mkey = jr.split(key)
         self.weight = (std * jr.normal(wkey, (num_spins, num_spins, dim, dim), dtype)).astype(dtype)
         if tap:
@@ -268,7 +269,7 @@ class MeanFieldAttention(eqx.Module):
             # solved in float32 and the value is given back in the inputs' dtype.
             up = _cast(jnp.float32)
             solution = up(self).solve(up(x), state0=up(state0), throw=throw)
-            dtype = jnp.result_type(*floats)
+            dtype = result_dtype(*floats)
             return eqx.tree_at(lambda s: s.value, solution, _cast(dtype)(solution.value))
         throw = self.throw if throw is None else bool(throw)
         # The input check raises for a whole vmapped batch if one example is bad: with

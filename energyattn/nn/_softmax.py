@@ -9,6 +9,7 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, PRNGKeyArray
 
 from .._checks import default_dtype, python_float
+from .._dtypes import accumulation_dtype
 from ._common import linear, merge_heads, prepare_inputs, project, resolve_dims, split_heads
 
 
@@ -118,7 +119,7 @@ class SoftmaxAttention(eqx.Module):
         q = split_heads(project(self.query_proj, x), self.num_heads)
         k = split_heads(project(self.key_proj, context), self.num_heads)
         v = split_heads(project(self.value_proj, context), self.num_heads)
-        acc = jnp.promote_types(jnp.result_type(q, k), jnp.float32)
+        acc = accumulation_dtype(q, k)
         scores = jnp.einsum("hsd,hmd->hsm", q, k, preferred_element_type=acc) * self.scale
         probs = _masked_softmax(scores, mask)
         out = merge_heads(jnp.einsum("hsm,hmd->hsd", probs.astype(v.dtype), v))

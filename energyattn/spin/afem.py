@@ -60,6 +60,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import check_beta, check_finite, check_shape, keyword_arguments, positive_int
 from .._custom_types import Scalar, ScalarLike
+from .._dtypes import accumulation_dtype
 from .._energy import AbstractEnergy
 from .._linalg import upper_cholesky
 from .._namespace import public_dir
@@ -125,7 +126,7 @@ def check_system(
             f"{np.shape(J)[0]}) but H has shape {np.shape(H)} (spins {np.shape(H)[0]})"
         )
     beta = check_beta(beta)
-    dtype = jnp.promote_types(jnp.result_type(J, H, beta, *extra), jnp.float32)
+    dtype = accumulation_dtype(J, H, beta, *extra)
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"J, H and beta must be real floating point, got dtype {dtype}")
     J = jnp.asarray(J, dtype)
@@ -772,7 +773,7 @@ def _system(
     mode, max_steps = check_mode(mode), positive_int("max_steps", max_steps)
     check_shape("H", H, "spins dim")
     if callable(J):
-        J = J(jnp.asarray(H, jnp.promote_types(jnp.result_type(H), jnp.float32)))
+        J = J(jnp.asarray(H, accumulation_dtype(H)))
     # A warm start does not decide the dtype (a float64 guess must not promote a float32 solve).
     J, H, beta = check_system(J, H, beta)
     tp0 = None

@@ -44,6 +44,7 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import ScalarLike
+from .._dtypes import accumulation_dtype
 from .._linalg import product
 from .._namespace import public_dir
 from .._solver import (
@@ -435,7 +436,7 @@ def steady_state(
     num_spins, dim = np.shape(x)
     check_shape("J", J, "spins spins", spins=num_spins)
     x = jnp.asarray(x)
-    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    dtype = accumulation_dtype(x)
     x, J = x.astype(dtype), jnp.asarray(J).astype(dtype)
     beta, R = _check_temperature_radius(beta, R)
     beta, R = beta.astype(dtype), R.astype(dtype)

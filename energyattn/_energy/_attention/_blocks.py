@@ -30,6 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ..._dtypes import accumulation_dtype
 from ..._mask import SegmentIds
 
 Factor = tuple[tuple[int, int], ...]
@@ -185,7 +186,7 @@ def scaled_queries(q, beta):
 
 def _matmul(a, b):
     """`a @ b`, accumulated in the dtype of the wider operand (at least float32)."""
-    acc = jnp.promote_types(jnp.promote_types(a.dtype, b.dtype), jnp.float32)
+    acc = accumulation_dtype(a.dtype, b.dtype)
     return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=acc)
 
 

@@ -54,6 +54,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from ..._dtypes import accumulation_dtype
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
@@ -183,7 +184,7 @@ class Products:
 
         plain = not isinstance(a, Parts) and not isinstance(b, Parts)
         if plain:
-            acc = jnp.promote_types(jnp.promote_types(a.dtype, b.dtype), jnp.float32)
+            acc = accumulation_dtype(a.dtype, b.dtype)
             if acc.itemsize > 4:  # float64: interpreters only
                 return dot(a.astype(acc), b.astype(acc), acc, jax.lax.Precision.HIGHEST)
             if a.dtype == b.dtype and a.dtype.itemsize < 4:

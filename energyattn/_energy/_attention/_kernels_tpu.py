@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ..._dtypes import accumulation_dtype
 from ._kernels import axis, causal_range, finish, gather, indices, init, step
 
 
@@ -27,7 +28,7 @@ def _is_column(op) -> bool:
 
 def _as_row(column):
     """A `(rows, 1)` column as a `(1, rows)` row, in the kernel."""
-    wide = column.astype(jnp.promote_types(column.dtype, jnp.float32))
+    wide = column.astype(accumulation_dtype(column.dtype))
     wide = jnp.broadcast_to(wide, (column.shape[0], 128))
     return wide.T[:1]
 

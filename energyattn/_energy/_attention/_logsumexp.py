@@ -8,6 +8,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from ..._checks import check_mask, check_matching_dim, check_positive, keyword_arguments
 from ..._custom_types import ScalarLike
+from ..._dtypes import accumulation_dtype, result_dtype
 from ..._mask import SegmentIds
 from ..._sharding import axis_size, sequence_axis, split_rows
 from . import _policy
@@ -205,11 +206,11 @@ def attention_logsumexp(
     method = select_implementation(
         implementation,
         entries=seq * mem,
-        dtype=jnp.result_type(query, keys),
+        dtype=result_dtype(query, keys),
         head_dim=dim,
         structured_mask=mask is not None or bool(exclude_self) or bool(causal),
     )
-    acc = jnp.promote_types(jnp.result_type(query, keys), jnp.float32)
+    acc = accumulation_dtype(query, keys)
     return lse_rows(
         query,
         keys,

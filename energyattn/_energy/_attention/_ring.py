@@ -58,7 +58,7 @@ def ring_pass(ring, step, carry, travel, total=None):
     Each device's chunk `travel` (a pytree of per-key arrays) is cut into pieces, and each
     piece makes one turn of the ring. With `total` (per-key running sums that travel with
     the keys) the contributions are summed and come back to the keys' own device."""
-    me = jax.lax.axis_index(ring.name)
+    me = _device_index(ring)
     perm = [(i, (i + 1) % ring.size) for i in range(ring.size)]
     mem = jax.tree.leaves(travel)[0].shape[0]
     num_pieces = _num_pieces(mem)
@@ -107,6 +107,13 @@ def ring_pass(ring, step, carry, travel, total=None):
     return carry, jax.tree.map(lambda x: x.reshape(mem, *x.shape[2:]), total)
 
 
+def _device_index(ring):
+    """This device's place on the ring, as an index of the default integer dtype (that of
+    `jnp.arange`, the blocks' indices): `axis_index` is int32, and strict dtype promotion
+    refuses int32 with x64's int64."""
+    return jax.lax.axis_index(ring.name).astype(jnp.result_type(int))
+
+
 def _chunk_view(ring, seq, mask, key_ids, first_key, length):
     """The visiting piece's mask (a dense mask's columns; segment ids with the piece's key
     ids, which travel with the keys) and its `(row0, col0)` offsets."""
@@ -114,7 +121,7 @@ def _chunk_view(ring, seq, mask, key_ids, first_key, length):
         mask = SegmentIds(mask.query, key_ids)
     elif mask is not None:
         mask = jax.lax.dynamic_slice_in_dim(mask, first_key, length, axis=1)
-    return mask, (jax.lax.axis_index(ring.name) * seq, first_key)
+    return mask, (_device_index(ring) * seq, first_key)
 
 
 def _key_ids(mask):
