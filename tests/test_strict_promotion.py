@@ -109,3 +109,30 @@ def test_afem_phi(dtype):
     with _strict():
         value, grad = _afem_phi(jnp.full(4, 2.0, dtype), J, H / 3)
     assert value.dtype == grad.dtype == dtype and np.isfinite(value)
+
+
+@jax.jit
+def _solves(W, x):
+    def fixed(x):  # Anderson (the default), implicit gradient
+        sol = ea.fixed_point(lambda z, a: jnp.tanh(a[0] @ z + a[1]), jnp.zeros_like(x), (W, x))
+        return jnp.sum(sol.value**2)
+
+    def minimum(x):  # L-BFGS (the default)
+        energy = lambda y, x: jnp.sum(y**4) / 4 + jnp.sum(y**2) / 2 - jnp.dot(x, y)  # noqa: E731
+        return jnp.sum(ea.minimise(energy, jnp.zeros_like(x), x).value)
+
+    def root(x):  # Newton (the default)
+        return jnp.sum(ea.root_find(lambda y, x: y**3 + y - x, jnp.zeros_like(x), x).value)
+
+    return [jax.value_and_grad(f)(x) for f in (fixed, minimum, root)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=lambda d: jnp.dtype(d).name)
+def test_solvers(dtype):
+    """The fixed point, minimum and root entry points with their default solvers (Anderson's
+    history, L-BFGS's ring of pairs) and implicit gradients."""
+    W, x = _inputs(dtype, (3, 3), (3,))
+    with _strict():
+        out = _solves(0.3 * W, x)
+    for value, grad in out:
+        assert grad.dtype == dtype and np.isfinite(value) and np.all(np.isfinite(grad))

@@ -104,7 +104,7 @@ class Anderson(AbstractFixedPointSolver):
         # The history then shifts by static slices (a scatter at a traced slot is slow under
         # vmap).
         pushed = memory.pushed + 1
-        index = jnp.arange(m)
+        index = jnp.arange(m, dtype=pushed.dtype)
         valid = index < pushed
         # The new residual's inner products are the new first row and column of the Gram
         # matrix; the rest is the old one, shifted.

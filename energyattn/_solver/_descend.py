@@ -25,6 +25,7 @@ from .._checks import (
     positive_int,
 )
 from .._custom_types import Scalar, ScalarLike, State
+from .._dtypes import result_dtype
 from ._iterate import check_energy_output, check_initial, rms
 from ._solution import RESULTS, Solution, Y
 
@@ -163,15 +164,15 @@ def descend(
     def step(carry, t):
         x, _ = carry
         value, grad = value_and_force(to_g(x), x)
-        update = jax.tree.map(lambda xi, a, gi: (a * gi).astype(xi.dtype), x, step_size, grad)
+        update = jax.tree.map(_scaled, x, step_size, grad)
         if noise_scale is not None:
             noise = _normal_like(jr.fold_in(key, t), x)
-            update = jax.tree.map(lambda u, n: u - (noise_scale * n).astype(u.dtype), update, noise)
+            update = jax.tree.map(lambda u, n: u - _scaled(u, noise_scale, n), update, noise)
         x_next = jax.tree.map(lambda xi, ui: xi - ui, x, update)
         size = rms(ravel_pytree(update)[0])
         return (x_next, size), ((value, x) if return_trajectory else value)
 
-    zero = jnp.zeros((), jnp.result_type(*jax.tree.leaves(y0)))
+    zero = jnp.zeros((), result_dtype(*jax.tree.leaves(y0)))
     (x_final, size), history = jax.lax.scan(step, (y0, zero), jnp.arange(num_steps))
     energies, trajectory = collect_history(
         history, x_final, energy_at(to_g(x_final), x_final), return_trajectory
@@ -209,6 +210,13 @@ def descend(
         energies=energies,
         trajectory=trajectory,
     )
+
+
+def _scaled(like: Array, a: Any, x: Array) -> Array:
+    """`a * x` in `like`'s dtype, multiplied in their standard result dtype (explicit, so
+    that strict dtype promotion accepts a float64 step size with a float32 state)."""
+    dtype = result_dtype(a, x)
+    return (jnp.asarray(a).astype(dtype) * x.astype(dtype)).astype(like.dtype)
 
 
 def _normal_like(key: PRNGKeyArray, x: State) -> State:

@@ -107,8 +107,9 @@ class LBFGS(AbstractLineSearchSolver):
         used = jnp.minimum(pairs.accepted, m)
         # Two-loop recursion over the pairs, newest first (slots form a ring): one gather
         # puts them in order, and each loop is a scan, so the program does not grow with m.
-        order = (pairs.accepted - 1 - jnp.arange(m)) % m
-        valid = jnp.arange(m) < used
+        slots = jnp.arange(m, dtype=pairs.accepted.dtype)
+        order = (pairs.accepted - 1 - slots) % m
+        valid = slots < used
         s_new, t_new, rho_new = pairs.s[order], pairs.t[order], pairs.rho[order]
 
         def newest_first(q, pair):
