@@ -21,10 +21,14 @@ names them.
 
 `--matrix more` draws 16 cases per chip beyond it: other lengths and head sizes, queries
 fewer than keys (padded by segment ids), causal with the diagonal excluded. `--matrix full`
-is every cell (but the dense mask beyond 1000 keys: its own O(seq^2)
-input); `--matrix ci` (what `tests/test_device_compile.py` runs, in about 3 minutes on 2
-cores) is, per chip, the five forms at 64k and 128k keys (the memory check) and a
-rotation through the matrix such that every program meets every form on every platform.
+is every cell (but the dense mask beyond 1000 keys: its own O(seq^2) input);
+`--matrix ci` (what `tests/test_device_compile.py` runs, in about 3 minutes on 2 cores) is,
+per chip, the five forms at 64k and 128k keys (the memory check), on GPUs a sequence
+shorter than a tile, and a rotation through the matrix such that every program meets every
+form on every platform.
+
+The chips compile at their default optimization: `default_compilers` removes the settings
+that make XLA compile faster and worse (the test suite's, `tests/conftest.py`).
 
     python benchmarks/device_compile.py --all [--matrix full]    # every chip, a summary
     python benchmarks/device_compile.py --chip h100 [--matrix ci] # one chip, JSON lines
@@ -172,6 +176,9 @@ def matrix(chip: str, which: str) -> list[tuple]:
     cases = [("lse_causal", f, "bfloat16", n, 128) for f in FORMS for n in LENGTHS[1:]]
     if chip in GPUS:
         cases.append((CONTROL, "value", "float32", 128, 128))
+        # A sequence shorter than a tile: the float32 HVP with a dense mask at 17 tokens
+        # spilled 532 B on the B200 while its tile shrank to the sequence.
+        cases.append(("lse_dense_mask", "hvp", "float32", 17, 32))
     # A rotation: each program with each form once per platform, the chips of a platform
     # taking turns, the dtypes, lengths and head sizes cycling.
     # The models' kernels do not depend on the length, and their other programs (position
@@ -226,6 +233,9 @@ def compile_case(chip: str, case: tuple) -> dict:
         fn = form(how, program(name, seq, head))
         compiled, kernels, spaces = ea.aot.kernels(chip, fn, x, names=("energy_attention", CONTROL))
         row["ok"] = True
+        row["optimised"] = not jax.config.values["jax_disable_most_optimizations"] and not any(
+            f.startswith(SPEED_FLAGS) for f in os.environ.get("XLA_FLAGS", "").split()
+        )
         row["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
         # All of it, on TPUs the buffers XLA moved into VMEM too (`ea.aot.Inspection`).
         row["temp_bytes_all_spaces"] = sum(spaces.values())
@@ -244,9 +254,25 @@ def run_chip(chip: str, cases: list[tuple]) -> None:
         print(json.dumps(compile_case(chip, case)), flush=True)
 
 
+#: Settings that make XLA compile faster and worse, which the test suite sets for its CPU
+#: programs (`tests/conftest.py`) and its subprocesses inherit. The chips' compilers must not
+#: see them: at `JAX_DISABLE_MOST_OPTIMIZATIONS` with XLA's backend at level 1, B200 kernels
+#: came out at 128 registers and spilled 4-16 B that default compiles do not spill.
+SPEED_FLAGS = ("--xla_backend_optimization_level", "--xla_disable_hlo_passes", "--xla_cpu_")
+
+
+def default_compilers(env: dict[str, str]) -> dict[str, str]:
+    """`env` without the settings that lower XLA's optimization (`SPEED_FLAGS`,
+    `JAX_DISABLE_MOST_OPTIMIZATIONS`): the chips' compilers as a user's program meets them."""
+    env = {k: v for k, v in env.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(SPEED_FLAGS)]
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
 def environment_for(chip: str) -> dict[str, str]:
     """The environment a chip's subprocess needs (set before JAX starts)."""
-    env = dict(os.environ)
+    env = default_compilers(dict(os.environ))
     env["JAX_PLATFORMS"] = "cpu"
     env["EQX_ON_ERROR"] = "nan"  # Equinox's runtime checks as NaN: no host callbacks
     if chip in GPUS:
@@ -312,6 +338,8 @@ def main() -> None:
         jax_version = importlib.metadata.version("jax")
         print(write_rows(f"device_compile_{args.matrix}_jax{jax_version}", rows))
     elif args.chip:
+        os.environ.update(default_compilers(dict(os.environ)))  # before JAX starts
+        os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
         cases = json.loads(args.cases) if args.cases else matrix(args.chip, args.matrix)
         run_chip(args.chip, [tuple(c) for c in cases])
     else:

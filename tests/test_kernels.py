@@ -146,6 +146,33 @@ def test_block_sizes():
 
 
 @pytest.mark.parametrize(
+    "platform, generation, forward, columns",
+    [
+        # On the H100 and the B200 a short sequence is one default tile (smaller tiles
+        # spilled registers on the B200: benchmarks/device_compile.py's 17-token case).
+        ("gpu", "sm_90", (64, 32), (32, 64)),
+        ("gpu", "sm_100", (64, 32), (32, 64)),
+        # Elsewhere one block of its own length (on the A100 the full tiles spill more).
+        ("gpu", "sm_80", (32, 32), (32, 32)),
+        ("tpu", "v5e", (32, 128), (32, 128)),
+    ],
+)
+def test_a_short_sequence_is_one_tile(platform, generation, forward, columns):
+    args = dict(seq=17, mem=17, dim=32, itemsize=2, mask="dense", generation=generation)
+    tiles = {
+        kind: kernel_tiles(ea.BlockSizes(), platform, kind=kind, **args)[0]
+        for kind in ("forward", "columns")
+    }
+    assert (tiles["forward"].bq, tiles["forward"].bk) == forward
+    assert (tiles["columns"].bq, tiles["columns"].bk) == columns
+    assert tiles["forward"].padded_seq == 17
+    # Long sequences take the same tiles on every generation.
+    longer = {**args, "seq": 1000, "mem": 1000}
+    long = kernel_tiles(ea.BlockSizes(), platform, kind="forward", **longer)[0]
+    assert (long.bq, long.bk) == ((64, 32) if platform == "gpu" else (128, 512))
+
+
+@pytest.mark.parametrize(
     "kind, platform, generation",
     [
         ("NVIDIA H100 80GB HBM3", "gpu", "sm_90"),

@@ -124,8 +124,9 @@ class BlockSizes:
     128. ⁴ 4 on sm_100 for float32 heads above 128.
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
-    the lanes of its vector registers), and a sequence shorter than a block is one block
-    of its own length rounded up. The column pass (the derivatives' sums
+    the lanes of its vector registers), and a sequence shorter than a block is one block:
+    of its own length rounded up (on the H100 and the B200 of the default tile at least:
+    smaller tiles spilled registers on the B200). The column pass (the derivatives' sums
     $\sum_i w_{ij} X_i$) holds `block_k_terms` keys per program and steps through the
     queries, half of `block_q` at a time on a GPU (a quarter for float32 at head size 256
     and above). A pass whose sums would not fit a kernel's registers (or tensor memory)
@@ -354,26 +355,36 @@ def kernel_tiles(
     if generation is None:
         generation = target_generation(platform)
     wide = itemsize >= 4 and dim > 128
-    sizes = blocks.on(
-        platform,
-        seq,
-        generation=generation,
-        dtype="float32" if itemsize >= 4 else "bfloat16",
-        head_dim=dim,
+    target = dict(
+        generation=generation, dtype="float32" if itemsize >= 4 else "bfloat16", head_dim=dim
     )
+    sizes = blocks.on(platform, seq, **target)
     least_rows = 16 if platform == "gpu" else (32 if mask == "dense" else 16)
     least_keys = 16 if platform == "gpu" else 128
-    # The row passes step through the keys as the forward does; the column pass's programs
-    # hold `block_k_terms` keys each.
-    block_k = sizes.block_k_terms if kind == "columns" else sizes.block_k
-    block_q = sizes.block_q
-    if platform == "gpu" and kind == "columns":
-        # The column pass's programs hold keys and step through the queries: half a
-        # query block per step (a quarter for wide float32 heads) keeps its transposed
-        # blocks as small as the row passes'.
-        block_q = max(least_rows, cast(int, block_q) // (4 if wide else 2))
-    bq = min(_pow2(cast(int, block_q), least_rows), _pow2(seq, least_rows))
-    bk = min(_pow2(cast(int, block_k), least_keys), _pow2(mem, least_keys))
+
+    def blocks_of(sizes: BlockSizes) -> tuple[int, int]:
+        # The row passes step through the keys as the forward does; the column pass's
+        # programs hold `block_k_terms` keys each.
+        block_k = sizes.block_k_terms if kind == "columns" else sizes.block_k
+        block_q = cast(int, sizes.block_q)
+        if platform == "gpu" and kind == "columns":
+            # The column pass's programs hold keys and step through the queries: half a
+            # query block per step (a quarter for wide float32 heads) keeps its transposed
+            # blocks as small as the row passes'.
+            block_q = max(least_rows, block_q // (4 if wide else 2))
+        return _pow2(block_q, least_rows), _pow2(cast(int, block_k), least_keys)
+
+    block_q, block_k = blocks_of(sizes)
+    # A sequence shorter than a block is one block: of its own length (rounded up), but on
+    # the H100 and the B200 of the default tile at least, the tile measured to spill no
+    # register there: smaller tiles change Triton's layouts (on the B200 a float32 HVP at 17
+    # tokens, tiled 32 x 32 on 8 warps, spilled 532 B; padded to the 64 x 32 tile it
+    # spills nothing, as at 1000 tokens). On the A100 the padded tiles spill more.
+    floor_q, floor_k = least_rows, least_keys
+    if platform == "gpu" and generation in _FULL_TILES:
+        floor_q, floor_k = blocks_of(BlockSizes().on(platform, seq, **target))
+    bq = min(block_q, _pow2(max(seq, floor_q), least_rows))
+    bk = min(block_k, _pow2(max(mem, floor_k), least_keys))
     seq_p = -(-seq // bq) * bq
     mem_p = -(-mem // bk) * bk
     warps = sizes.num_warps
@@ -401,6 +412,10 @@ def kernel_tiles(
         # second and third derivatives) is split at 512 columns of sums and 4 pairs.
         return tiles, Budget(columns=512, pairs=4)
     return tiles, gpu_budget(generation, itemsize)
+
+
+#: The GPU generations on which a short sequence still takes the default tile.
+_FULL_TILES = ("sm_90", "sm_100")
 
 
 def _contraction(itemsize: int) -> int:
