@@ -356,7 +356,11 @@ def _forward_tangent(primals, tangents, config, mask_kind, forward):
     t_lse = None if a is None else _rowdot(a, out)
     if r:
         t_lse = _add(t_lse, beta * _rowdot(q.astype(acc), r[0]))
-    t_out = weighted - t_lse[:, None] * out
+    # A batch-only product, not a broadcast: its transpose is then a row dot ("sd,sd->s"),
+    # which XLA's CPU backend reduces 6x faster than the broadcast's transpose (a reduction
+    # of a 3-d array under `vmap`; 0.35 against 0.05 ms at 1024 queries, 1.7% of a training
+    # step: `benchmarks/derivatives.py`).
+    t_out = weighted - jnp.einsum("s,sd->sd", t_lse, out)
     if r:
         t_out = t_out + r[0]
     return [lse, out], [t_lse, t_out]
