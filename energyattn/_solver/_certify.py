@@ -77,19 +77,29 @@ def _curvature(
     return jax.lax.cond(skip, positive, curvature, None)
 
 
+def _energy_along(
+    value_fn: Callable[[Flat], tuple], point: Trial, directions: Float[Array, "k n"], h: Array
+) -> tuple[Float[Array, " k"], Float[Array, " k"], Scalar]:
+    r"""$E(x + hv)$ and $E(x - hv)$ for each row $v$ of `directions` (through one traced copy
+    of the energy, a loop, not one copy per probe), and the round-off slack of comparing
+    them with $E(x)$: $16\epsilon$ times the largest finite scale of the energies."""
+    y = point.y
+    eps = float(jnp.finfo(y.dtype).eps)
+    probes = jnp.concatenate([y + h * directions, y - h * directions])
+    values, scales = jax.lax.map(lambda z: value_fn(z)[:2], probes)
+    scales = jnp.concatenate([scales, point.scale[None]])
+    slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(scales), scales, 0))
+    plus, minus = jnp.split(values, 2)
+    return plus, minus, slack
+
+
 def _energy_around(
     value_fn: Callable[[Flat], tuple], point: Trial, grad: Flat, u: Flat, h: Array
 ) -> tuple[Bool[Array, ""], Bool[Array, ""], Scalar]:
     r"""Check 2 of `certify`: `(falls, up, lower)`, whether $E(x + hu)$ or $E(x - hu)$ falls
     below $E(x) - h\lvert\nabla E^\top u\rvert$ beyond round-off, whether the lower of the two
     is at $+hu$, and its value."""
-    y = point.y
-    eps = float(jnp.finfo(y.dtype).eps)
-    # Both probes through one traced copy of the energy (a loop of two), not two.
-    probes = jax.lax.map(lambda z: value_fn(z)[:2], jnp.stack([y + h * u, y - h * u]))
-    (f_plus, f_minus), (s_plus, s_minus) = probes
-    scales = jnp.stack([point.scale, s_plus, s_minus])
-    slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(scales), scales, 0))
+    (f_plus,), (f_minus,), slack = _energy_along(value_fn, point, u[None], h)
     floor = point.f - h * jnp.abs(jnp.dot(grad, u)) - slack
     plus, minus = f_plus < floor, f_minus < floor
     up = plus & (~minus | (f_plus <= f_minus))
@@ -217,7 +227,6 @@ def no_descent(
     original, state = state, no_grad(state)  # decided without derivatives
     point = state.point
     y, dtype, n = point.y, point.y.dtype, point.y.shape[0]
-    eps = float(jnp.finfo(dtype).eps)
     rtol, atol = tolerances
     h = atol + rtol * rms(y)
     d = state.direction
@@ -228,12 +237,10 @@ def no_descent(
     directions = [along, u]
     if n <= KINK_COORDINATES:
         directions += list(n**0.5 * jnp.eye(n, dtype=dtype))
-    v = jnp.stack(directions)
-    value_fn = EnergyMerit(problem, args).value
-    probes = jnp.concatenate([y + h * v, y - h * v])
-    values, scales = jax.lax.map(lambda z: value_fn(z)[:2], probes)
-    all_scales = jnp.concatenate([scales, point.scale[None]])
-    slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(all_scales), all_scales, 0))
+    plus, minus, slack = _energy_along(
+        EnergyMerit(problem, args).value, point, jnp.stack(directions), h
+    )
+    values = jnp.concatenate([plus, minus])
     minimum = (
         jnp.isfinite(point.f)
         & jnp.all(jnp.isfinite(y))
