@@ -272,7 +272,7 @@ def default_compilers(env: dict[str, str]) -> dict[str, str]:
 
 def environment_for(chip: str) -> dict[str, str]:
     """The environment a chip's subprocess needs (set before JAX starts)."""
-    env = default_compilers(dict(os.environ))
+    env = dict(os.environ)  # the subprocess drops the speed settings itself (`main`)
     env["JAX_PLATFORMS"] = "cpu"
     env["EQX_ON_ERROR"] = "nan"  # Equinox's runtime checks as NaN: no host callbacks
     if chip in GPUS:
@@ -338,8 +338,9 @@ def main() -> None:
         jax_version = importlib.metadata.version("jax")
         print(write_rows(f"device_compile_{args.matrix}_jax{jax_version}", rows))
     elif args.chip:
-        os.environ.update(default_compilers(dict(os.environ)))  # before JAX starts
-        os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+        env = default_compilers(dict(os.environ))  # before JAX starts
+        os.environ.clear()
+        os.environ.update(env)
         cases = json.loads(args.cases) if args.cases else matrix(args.chip, args.matrix)
         run_chip(args.chip, [tuple(c) for c in cases])
     else:

@@ -382,7 +382,7 @@ def kernel_tiles(
     # spills nothing, as at 1000 tokens). On the A100 the padded tiles spill more.
     floor_q, floor_k = least_rows, least_keys
     if platform == "gpu" and generation in _FULL_TILES:
-        floor_q, floor_k = blocks_of(BlockSizes().on(platform, seq, **target))
+        floor_q, floor_k = blocks_of(BlockSizes.default(platform, seq, **target))
     bq = min(block_q, _pow2(max(seq, floor_q), least_rows))
     bk = min(block_k, _pow2(max(mem, floor_k), least_keys))
     seq_p = -(-seq // bq) * bq
