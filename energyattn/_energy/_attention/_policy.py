@@ -7,7 +7,7 @@ one runs (`select_implementation`) and how the blockwise passes cut the sequence
 """
 
 import dataclasses
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -355,7 +355,7 @@ def kernel_tiles(
     if generation is None:
         generation = target_generation(platform)
     wide = itemsize >= 4 and dim > 128
-    target = dict(
+    target: dict[str, Any] = dict(
         generation=generation, dtype="float32" if itemsize >= 4 else "bfloat16", head_dim=dim
     )
     sizes = blocks.on(platform, seq, **target)
