@@ -79,18 +79,18 @@ def _curvature(
 
 def _energy_along(
     value_fn: Callable[[Flat], tuple], point: Trial, directions: Float[Array, "k n"], h: Array
-) -> tuple[Float[Array, " k"], Float[Array, " k"], Scalar]:
-    r"""$E(x + hv)$ and $E(x - hv)$ for each row $v$ of `directions` (through one traced copy
-    of the energy, a loop, not one copy per probe), and the round-off slack of comparing
-    them with $E(x)$: $16\epsilon$ times the largest finite scale of the energies."""
+) -> tuple[Float[Array, "2 k"], Scalar]:
+    r"""$E(x + hv)$ (first row) and $E(x - hv)$ (second row) for each row $v$ of
+    `directions` (through one traced copy of the energy, a loop, not one copy per probe),
+    and the round-off slack of comparing them with $E(x)$: $16\epsilon$ times the largest
+    finite scale of the energies."""
     y = point.y
     eps = float(jnp.finfo(y.dtype).eps)
     probes = jnp.concatenate([y + h * directions, y - h * directions])
     values, scales = jax.lax.map(lambda z: value_fn(z)[:2], probes)
     scales = jnp.concatenate([scales, point.scale[None]])
     slack = 16 * eps * jnp.max(jnp.where(jnp.isfinite(scales), scales, 0))
-    plus, minus = jnp.split(values, 2)
-    return plus, minus, slack
+    return values.reshape(2, -1), slack
 
 
 def _energy_around(
@@ -99,7 +99,8 @@ def _energy_around(
     r"""Check 2 of `certify`: `(falls, up, lower)`, whether $E(x + hu)$ or $E(x - hu)$ falls
     below $E(x) - h\lvert\nabla E^\top u\rvert$ beyond round-off, whether the lower of the two
     is at $+hu$, and its value."""
-    (f_plus,), (f_minus,), slack = _energy_along(value_fn, point, u[None], h)
+    values, slack = _energy_along(value_fn, point, u[None], h)
+    f_plus, f_minus = values[:, 0]
     floor = point.f - h * jnp.abs(jnp.dot(grad, u)) - slack
     plus, minus = f_plus < floor, f_minus < floor
     up = plus & (~minus | (f_plus <= f_minus))
@@ -237,10 +238,7 @@ def no_descent(
     directions = [along, u]
     if n <= KINK_COORDINATES:
         directions += list(n**0.5 * jnp.eye(n, dtype=dtype))
-    plus, minus, slack = _energy_along(
-        EnergyMerit(problem, args).value, point, jnp.stack(directions), h
-    )
-    values = jnp.concatenate([plus, minus])
+    values, slack = _energy_along(EnergyMerit(problem, args).value, point, jnp.stack(directions), h)
     minimum = (
         jnp.isfinite(point.f)
         & jnp.all(jnp.isfinite(y))
