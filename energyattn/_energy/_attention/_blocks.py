@@ -34,10 +34,13 @@ from ..._dtypes import accumulation_dtype
 from ..._mask import SegmentIds
 
 Factor = tuple[tuple[int, int], ...]
-#: The indices by which terms refer to the keys themselves and to the queries scaled by beta
-#: (not arrays of the pass: the keys travel once in the ring, and beta q is formed per chunk).
+#: The indices by which terms refer to the keys themselves, to the queries scaled by beta and
+#: to the keys scaled by beta (not arrays of the pass: the keys travel once in the ring, and
+#: beta q and beta k are formed per chunk, or, for half-precision inputs in the kernels, the
+#: products are scaled instead: no float32 copy is made).
 KEYS = -1
 SCALED_QUERIES = -2
+SCALED_KEYS = -3
 
 
 class Structure(NamedTuple):
@@ -69,8 +72,8 @@ class Term(NamedTuple):
       `False` for $\sum_i w_{ij} X_i$ (one row per key, $X$ one row per query).
     - `factors`: the weights' factors; each a tuple of `(a, b)` pairs, the indices of a
       per-query array $A$ and a per-key array $B$ in the pass's `arrays` (`KEYS`: the keys,
-      `SCALED_QUERIES`: $\beta q$), summed.
-    - `value`: the index of $X$ in `arrays` (or `KEYS`, `SCALED_QUERIES`).
+      `SCALED_QUERIES`: $\beta q$, `SCALED_KEYS`: $\beta k$), summed.
+    - `value`: the index of $X$ in `arrays` (or `KEYS`, `SCALED_QUERIES`, `SCALED_KEYS`).
     """
 
     row: bool
@@ -243,11 +246,18 @@ def forward_init(q, acc):
 
 def key_arrays(q, k, beta, arrays):
     """`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
-    the terms take them."""
+    the terms take them ($\beta k$, `SCALED_KEYS`, is formed block by block: `_scaled_keys`)."""
     acc = beta.dtype
     sq, _ = scaled_queries(q, beta)
     scaled = sq if q.dtype == acc else beta * q.astype(acc)
     return {**arrays, KEYS: k, SCALED_QUERIES: scaled}
+
+
+def _scaled_keys(keyed_b, k_b, beta, per_key):
+    """A block's per-key arrays with $\beta k$ (`SCALED_KEYS`) where a term uses it."""
+    if SCALED_KEYS not in per_key:
+        return keyed_b
+    return {**keyed_b, SCALED_KEYS: beta * k_b.astype(beta.dtype)}
 
 
 def online_terms(sums, rescale, probs, terms, pair, values, matmul=_matmul):
@@ -277,10 +287,12 @@ def forward_chunk(
     per_query, per_key = array_roles(terms)
     arrays = key_arrays(q, k, beta, arrays or {})
     rows = {i: arrays[i].astype(acc) for i in per_query}
-    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in sorted(per_key)}
+    blocked = sorted(per_key - {SCALED_KEYS})
+    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked}
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
+        keyed_b = _scaled_keys(keyed_b, k_b, beta, per_key)
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
         allowed = block_allowed(
@@ -327,7 +339,8 @@ def forward_finish(carry):
 
 def terms_init(seq, arrays, terms, acc, dim):
     """The row terms' sums before any key (`dim`: the keys' and queries' width)."""
-    widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: dim, SCALED_QUERIES: dim}
+    widths = {i: a.shape[1] for i, a in arrays.items()}
+    widths.update({KEYS: dim, SCALED_QUERIES: dim, SCALED_KEYS: dim})
     return tuple(jnp.zeros((seq, widths[t.value]), acc) for t in terms if t.row)
 
 
@@ -352,12 +365,14 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
     # Per-query arrays in the accumulation dtype (transposed for the column terms' values).
     rows = {i: arrays[i].astype(acc) for i in per_query}
     cols_t = {t.value: rows[t.value].T for t in terms if not t.row}
-    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in sorted(per_key)}
+    blocked = sorted(per_key - {SCALED_KEYS})
+    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked}
     starts = jnp.arange(-(-mem // block_size)) * block_size
     padded = mem if mem % block_size else None
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
+        keyed_b = _scaled_keys(keyed_b, k_b, beta, per_key)
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
         allowed = block_allowed(

@@ -53,29 +53,32 @@ from jax.sharding import PartitionSpec
 from ... import _internals
 from ..._mask import SegmentIds
 from ..._vprim import create_vprim, vprim_batch, vprim_p
-from ._blocks import KEYS, SCALED_QUERIES, Term
+from ._blocks import KEYS, SCALED_KEYS, SCALED_QUERIES, Term, array_roles
 from ._passes import Config, run_forward, run_terms
 
 closed_call_p = jex.primitives.closed_call_p
 
 
 class _Arrays:
-    r"""The arrays of a pass being built: each added once (by identity), by index; the keys
-    themselves are not an operand but the index `KEYS` (so that the ring sends them once),
-    and $\beta q$ is `SCALED_QUERIES` (formed in each pass)."""
+    r"""The arrays of a pass being built, by index: each added once per role (by identity),
+    one row per query or one per key (`per_key`), since a pass reads each of its arrays one
+    way (an array used both ways, as the queries' tangent where the keys are the queries, is
+    passed twice). The keys themselves, per key, are not an operand but the index `KEYS` (so
+    that the ring sends them once), and $\beta q$ and $\beta k$ are `SCALED_QUERIES` and
+    `SCALED_KEYS` (formed in each pass)."""
 
     def __init__(self, keys):
         self.keys = keys
         self.arrays: list = []
-        self._index: dict[int, int] = {}
+        self._index: dict[tuple[int, bool], int] = {}
 
-    def add(self, x) -> int:
-        if x is self.keys:
+    def add(self, x, per_key: bool) -> int:
+        if per_key and x is self.keys:
             return KEYS
-        if id(x) not in self._index:
-            self._index[id(x)] = len(self.arrays)
+        if (id(x), per_key) not in self._index:
+            self._index[id(x), per_key] = len(self.arrays)
             self.arrays.append(x)
-        return self._index[id(x)]
+        return self._index[id(x), per_key]
 
 
 def _rowdot(a, b):
@@ -134,6 +137,7 @@ def _terms_impl(*args, terms, config, mask_kind):
 def _terms_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, _, *rest = avals
     arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
+    arrays[SCALED_KEYS] = k
     return [
         _rows_like(q if term.row else k, arrays[term.value].shape[1], beta.dtype) for term in terms
     ]
@@ -170,18 +174,23 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
     out = attention_terms(q, k, beta, lse, mask, arrays, terms, config)
     acc = beta.dtype
     a = _query_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
-    arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None}
+    arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None, SCALED_KEYS: None}
     t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a}
+    if SCALED_KEYS in array_roles(terms)[1]:
+        t_arrays[SCALED_KEYS] = _key_tangent(k, beta, t_k, t_beta)
+    keyed = array_roles(terms)[1] | {KEYS, SCALED_KEYS}
     new = _Arrays(k)
-    index = {i: new.add(x) for i, x in arrays.items() if i >= 0}
-    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES})
-    tangent = {i: None if t is None else new.add(t) for i, t in t_arrays.items()}
+    index = {i: new.add(x, i in keyed) for i, x in arrays.items() if i >= 0}
+    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES, SCALED_KEYS: SCALED_KEYS})
+
+    def tangent(i):  # added to the pass where a term uses it
+        t = t_arrays.get(i)
+        return None if t is None else new.add(t, i in keyed)
+
     # The scores' tangent as one factor: a_i . k_j + beta q_i . k'_j.
-    score_pairs = []
-    if a is not None:
-        score_pairs.append((new.add(a), KEYS))
+    score_pairs = [_query_pair(t_q, t_beta, a, new.add)] if a is not None else []
     if t_k is not None:
-        score_pairs.append((SCALED_QUERIES, new.add(t_k)))
+        score_pairs.append((SCALED_QUERIES, new.add(t_k, True)))
     score = tuple(score_pairs)
 
     t_terms, owner = [], []
@@ -193,10 +202,10 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
         for f, factor in enumerate(term.factors):
             pairs = []
             for a, b in factor:
-                if tangent[a] is not None:
-                    pairs.append((tangent[a], index[b]))
-                if tangent[b] is not None:
-                    pairs.append((index[a], tangent[b]))
+                if (t_a := tangent(a)) is not None:
+                    pairs.append((t_a, index[b]))
+                if (t_b := tangent(b)) is not None:
+                    pairs.append((index[a], t_b))
             if pairs:
                 changed = factors[:f] + (tuple(pairs),) + factors[f + 1 :]
                 t_terms.append(Term(term.row, changed, index[term.value]))
@@ -208,7 +217,7 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
             shifted = -t_lse[:, None] * value.astype(acc)
             values = shifted if values is None else values.astype(acc) + shifted
         if values is not None:
-            t_terms.append(Term(term.row, factors, new.add(values)))
+            t_terms.append(Term(term.row, factors, new.add(values, term.row)))
             owner.append(t)
 
     t_out = [None] * len(terms)
@@ -234,10 +243,14 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
     mask, _ = _split_mask([jnp.asarray(x) for x in rest[:n]], mask_kind)
     arrays = rest[n:]
     undefined = {i: isinstance(x, ad.UndefinedPrimal) for i, x in enumerate(arrays)}
-    undefined[KEYS] = undefined[SCALED_QUERIES] = False
+    undefined[KEYS] = undefined[SCALED_QUERIES] = undefined[SCALED_KEYS] = False
+    keyed = array_roles(terms)[1]
     new = _Arrays(k)
-    index = {i: None if undefined[i] else new.add(jnp.asarray(x)) for i, x in enumerate(arrays)}
-    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES})
+    index = {
+        i: None if undefined[i] else new.add(jnp.asarray(x), i in keyed)
+        for i, x in enumerate(arrays)
+    }
+    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES, SCALED_KEYS: SCALED_KEYS})
 
     def defined(f):
         return tuple((index[a], index[b]) for a, b in f)
@@ -252,7 +265,7 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
             continue
         if slots > 1:
             raise NotImplementedError("an attention term is not linear in its arrays")
-        c = new.add(ct)
+        c = new.add(ct, not term.row)  # shaped like the term: per query for a row term
         if undefined[term.value]:
             # sum_j w_ij X_j transposes to sum_i w_ij C_i, and back.
             factors = tuple(defined(f) for f in term.factors)
@@ -308,6 +321,28 @@ def _query_tangent(q, beta, t_q, t_beta):
     return a
 
 
+def _key_tangent(k, beta, t_k, t_beta):
+    r"""The tangent of $\beta k$ (`SCALED_KEYS`), $\beta\dot k + \dot\beta k$, or `None`."""
+    acc = beta.dtype
+    t = None
+    if t_k is not None:
+        t = beta * t_k.astype(acc)
+    if t_beta is not None:
+        t = _add(t, t_beta * k.astype(acc))
+    return t
+
+
+def _query_pair(t_q, t_beta, a, add):
+    r"""The scores' tangent from the queries and beta, $a_i\cdot k_j$, as a bilinear pair
+    (`add` gives an array's index): with beta constant, $\dot q_i\cdot(\beta k_j)$, so that
+    the tangent of half-precision queries enters the products as it is (one product on
+    the matrix units, not the three or six of a float32 copy $\beta\dot q$ split into
+    parts, and no such copy in memory)."""
+    if t_beta is None:
+        return (add(t_q, False), SCALED_KEYS)
+    return (add(a, False), KEYS)
+
+
 def attention_forward(q, k, beta, mask, config: Config):
     r"""The log-sum-exp rows and the attention output $o_i = \sum_j p_{ij} k_j$, one online
     pass over blocks of keys, as the primitive `forward_p`; differentiable in both modes to
@@ -344,14 +379,12 @@ def _forward_tangent(primals, tangents, config, mask_kind, forward):
         return [lse, out], [jnp.zeros_like(lse), jnp.zeros_like(out)]
     acc = beta.dtype
     arrays = _Arrays(k)
-    score = []
-    if a is not None:
-        score.append((arrays.add(a), arrays.add(k)))
+    score = [] if a is None else [_query_pair(t_q, t_beta, a, arrays.add)]
     if t_k is not None:
-        score.append((SCALED_QUERIES, arrays.add(t_k)))
-    terms = [Term(True, (tuple(score),), arrays.add(k))]  # sum_j p_ij s'_ij k_j
+        score.append((SCALED_QUERIES, arrays.add(t_k, True)))
+    terms = [Term(True, (tuple(score),), KEYS)]  # sum_j p_ij s'_ij k_j
     if t_k is not None:
-        terms.append(Term(True, (), arrays.add(t_k)))  # r_i = sum_j p_ij k'_j
+        terms.append(Term(True, (), arrays.add(t_k, True)))  # r_i = sum_j p_ij k'_j
     lse, out, weighted, *r = forward(q, k, beta, mask, arrays.arrays, tuple(terms))
     t_lse = None if a is None else _rowdot(a, out)
     if r:
@@ -459,6 +492,7 @@ def _fused_impl(*args, terms, config, mask_kind):
 def _fused_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, *rest = avals
     arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
+    arrays[SCALED_KEYS] = k
     return [
         *_forward_abstract_eval(q, k, beta, config=config, mask_kind=None),
         *(_rows_like(q, arrays[t.value].shape[1], beta.dtype) for t in terms),

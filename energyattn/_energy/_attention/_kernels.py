@@ -58,6 +58,7 @@ from ..._dtypes import accumulation_dtype
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
+    SCALED_KEYS,
     SCALED_QUERIES,
     Structure,
     Term,
@@ -86,9 +87,10 @@ class Parts(NamedTuple):
 
 
 class Scaled(NamedTuple):
-    r"""$\beta q$ for half-precision queries: the queries `block` as they are (exact in every
-    part format) and the product scaled by `scale` after it, so that no float32 copy of
-    the queries (nor its parts) is formed for a pass."""
+    r"""An operand times $\beta$ ($\beta q$ for half-precision queries, $\beta k$ always): the
+    `block` as it is (a half-precision block is exact in every part format) and the product
+    scaled by `scale` after it, so that no float32 copy (nor its parts) is formed for a
+    pass."""
 
     block: Any
     scale: Any
@@ -311,6 +313,7 @@ def step(spec: Pass, carry, blocks, queries, keys):
     scores = scale * (products.nt(q, k) if forward else products.nt(k, q))
     allowed = _allowed(spec, blocks, queries, keys)
     arrays = {**blocks["arrays"], KEYS: k, SCALED_QUERIES: _scaled_queries(blocks)}
+    arrays[SCALED_KEYS] = Scaled(k, beta)  # the keys' products scaled: no float32 copy
     values = blocks["values"]
 
     def pair(a, b):
@@ -499,6 +502,8 @@ def gather(spec: Pass, ops, reads) -> dict:
         index = spec.value(output)
         if index == SCALED_QUERIES and "sq" not in blocks:
             values = Scaled(blocks["q"].cols(output.start, output.width), blocks["beta"])
+        elif index == SCALED_KEYS:
+            values = Scaled(blocks["k"].cols(output.start, output.width), blocks["beta"])
         else:
             named = {KEYS: "k", SCALED_QUERIES: "sq"}
             held = blocks[named[index]] if index in named else blocks["arrays"][index]
@@ -733,7 +738,8 @@ def terms(
 ):
     """The terms' sums of one head, in the order of `terms_` (`_blocks.terms_chunk`'s
     values: rows `(seq, width)` for row terms, `(mem, width)` for column terms). `arrays`
-    maps an index to a per-query or per-key array; `KEYS` and `SCALED_QUERIES` are added.
+    maps an index to a per-query or per-key array; `KEYS`, `SCALED_QUERIES` and `SCALED_KEYS`
+    are added.
     The terms are split over as many kernels as their budget asks."""
     arrays = dict(arrays)
     seq, mem = q.shape[0], k.shape[0]
@@ -765,6 +771,7 @@ def _true_widths(q, k, arrays):
         **{i: a.shape[1] for i, a in arrays.items()},
         KEYS: k.shape[1],
         SCALED_QUERIES: q.shape[1],
+        SCALED_KEYS: k.shape[1],
     }
 
 
@@ -782,7 +789,7 @@ def _spec(kind, q, k, beta, mask, arrays, terms_, structure, blocks, platform, g
     lanes = 128 if platform == "tpu" else 16
     dim_p = _pow2(dim, lanes)
     widths = {i: _pow2(a.shape[1], lanes) for i, a in arrays.items()}
-    widths.update({KEYS: dim_p, SCALED_QUERIES: dim_p})
+    widths.update({KEYS: dim_p, SCALED_QUERIES: dim_p, SCALED_KEYS: dim_p})
     tiles, budget = kernel_tiles(
         blocks,
         platform,

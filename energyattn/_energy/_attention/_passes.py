@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from . import _cudnn, _kernels, _lowered
 from ._blocks import (
     KEYS,
+    SCALED_KEYS,
     SCALED_QUERIES,
     Structure,
     Term,
@@ -183,7 +184,9 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
             for t, term in enumerate(terms):
                 if not term.factors:
                     run = _cudnn.fused_rows if term.row else _cudnn.fused_columns
-                    values = {KEYS: k, SCALED_QUERIES: beta * q}.get(term.value)
+                    values = {KEYS: k, SCALED_QUERIES: beta * q, SCALED_KEYS: beta * k}.get(
+                        term.value
+                    )
                     fused[t] = run(q, k, beta, arrays[term.value] if values is None else values)
         rest = tuple(term for t, term in enumerate(terms) if t not in fused)
         acc = beta.dtype

@@ -19,6 +19,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
+    SCALED_KEYS,
     SCALED_QUERIES,
     array_roles,
     forward_chunk,
@@ -143,10 +144,10 @@ def _local_forward(ring, q, k, beta, mask, structure, block_size):
 def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_size):
     acc = beta.dtype
     _, per_key = array_roles(terms)
-    keyed = {i: arrays[i] for i in sorted(per_key - {KEYS})}
+    keyed = {i: arrays[i] for i in sorted(per_key - {KEYS, SCALED_KEYS})}
     whole = {i: a for i, a in arrays.items() if i not in per_key}
     widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: k.shape[1]}
-    widths[SCALED_QUERIES] = q.shape[1]
+    widths[SCALED_QUERIES] = widths[SCALED_KEYS] = q.shape[1]
 
     def step(carry, travel, first_key):
         k_piece, keyed_piece, ids = travel
