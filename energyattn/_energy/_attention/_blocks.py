@@ -245,7 +245,7 @@ def forward_init(q, acc):
 
 
 def key_arrays(q, k, beta, arrays):
-    """`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
+    r"""`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
     the terms take them ($\beta k$, `SCALED_KEYS`, is formed block by block: `_scaled_keys`)."""
     acc = beta.dtype
     sq, _ = scaled_queries(q, beta)
@@ -254,7 +254,7 @@ def key_arrays(q, k, beta, arrays):
 
 
 def _scaled_keys(keyed_b, k_b, beta, per_key):
-    """A block's per-key arrays with $\beta k$ (`SCALED_KEYS`) where a term uses it."""
+    r"""A block's per-key arrays with $\beta k$ (`SCALED_KEYS`) where a term uses it."""
     if SCALED_KEYS not in per_key:
         return keyed_b
     return {**keyed_b, SCALED_KEYS: beta * k_b.astype(beta.dtype)}
