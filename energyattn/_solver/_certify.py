@@ -235,10 +235,10 @@ def no_descent(
     usable = jnp.isfinite(d_size) & (d_size > 0)
     u = probe_vector(n, dtype)
     along = jnp.where(usable, d / jnp.where(usable, d_size, 1), u)
-    directions = [along, u]
-    if n <= KINK_COORDINATES:
-        directions += list(n**0.5 * jnp.eye(n, dtype=dtype))
-    values, slack = _energy_along(EnergyMerit(problem, args).value, point, jnp.stack(directions), h)
+    directions = jnp.stack([along, u])
+    if n <= KINK_COORDINATES:  # one (n, n) block: not n rows sliced out and stacked again
+        directions = jnp.concatenate([directions, n**0.5 * jnp.eye(n, dtype=dtype)])
+    values, slack = _energy_along(EnergyMerit(problem, args).value, point, directions, h)
     minimum = (
         jnp.isfinite(point.f)
         & jnp.all(jnp.isfinite(y))
