@@ -173,11 +173,11 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
     t_arrays = t_rest[_mask_size(mask_kind) :]
     out = attention_terms(q, k, beta, lse, mask, arrays, terms, config)
     acc = beta.dtype
-    a = _query_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
+    a = _scaled_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
     arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None, SCALED_KEYS: None}
     t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a}
     if SCALED_KEYS in array_roles(terms)[1]:
-        t_arrays[SCALED_KEYS] = _key_tangent(k, beta, t_k, t_beta)
+        t_arrays[SCALED_KEYS] = _scaled_tangent(k, beta, t_k, t_beta)
     keyed = array_roles(terms)[1] | {KEYS, SCALED_KEYS}
     new = _Arrays(k)
     index = {i: new.add(x, i in keyed) for i, x in arrays.items() if i >= 0}
@@ -309,26 +309,16 @@ terms_p = create_vprim(
 # ------------------------------------------------------------------------ the forward pass
 
 
-def _query_tangent(q, beta, t_q, t_beta):
-    r"""$a = \beta\dot q + \dot\beta q$ (or `None` when both tangents are zero): the scores'
-    tangent from the queries and the inverse temperature, $a_i\cdot k_j$."""
-    acc = beta.dtype
-    a = None
-    if t_q is not None:
-        a = beta * t_q.astype(acc)
-    if t_beta is not None:
-        a = _add(a, t_beta * q.astype(acc))
-    return a
-
-
-def _key_tangent(k, beta, t_k, t_beta):
-    r"""The tangent of $\beta k$ (`SCALED_KEYS`), $\beta\dot k + \dot\beta k$, or `None`."""
+def _scaled_tangent(x, beta, t_x, t_beta):
+    r"""The tangent of $\beta x$, $\beta\dot x + \dot\beta x$ (or `None` when both tangents
+    are zero). For the queries it is $a$, the scores' tangent $a_i\cdot k_j$ from the
+    queries and the inverse temperature; for the keys, that of `SCALED_KEYS`."""
     acc = beta.dtype
     t = None
-    if t_k is not None:
-        t = beta * t_k.astype(acc)
+    if t_x is not None:
+        t = beta * t_x.astype(acc)
     if t_beta is not None:
-        t = _add(t, t_beta * k.astype(acc))
+        t = _add(t, t_beta * x.astype(acc))
     return t
 
 
@@ -372,7 +362,7 @@ def _forward_tangent(primals, tangents, config, mask_kind, forward):
     q, k, beta, *rest = (jnp.asarray(a) for a in primals)
     mask, _ = _split_mask(rest, mask_kind)
     t_q, t_k, t_beta = (None if type(t) is ad.Zero else t for t in tangents[:3])
-    a = _query_tangent(q, beta, t_q, t_beta)
+    a = _scaled_tangent(q, beta, t_q, t_beta)
     if a is None and t_k is None:
         # Re-enter for the primal: an outer derivative of this rule differentiates it again.
         lse, out = attention_forward(q, k, beta, mask, config)
