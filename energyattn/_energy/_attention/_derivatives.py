@@ -176,9 +176,9 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
     a = _scaled_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
     arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None, SCALED_KEYS: None}
     t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a}
-    if SCALED_KEYS in array_roles(terms)[1]:
+    keyed = array_roles(terms)[1]  # (every index a term reads per key)
+    if SCALED_KEYS in keyed:
         t_arrays[SCALED_KEYS] = _scaled_tangent(k, beta, t_k, t_beta)
-    keyed = array_roles(terms)[1] | {KEYS, SCALED_KEYS}
     new = _Arrays(k)
     index = {i: new.add(x, i in keyed) for i, x in arrays.items() if i >= 0}
     index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES, SCALED_KEYS: SCALED_KEYS})

@@ -147,7 +147,7 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_si
     keyed = {i: arrays[i] for i in sorted(per_key - {KEYS, SCALED_KEYS})}
     whole = {i: a for i, a in arrays.items() if i not in per_key}
     widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: k.shape[1]}
-    widths[SCALED_QUERIES] = widths[SCALED_KEYS] = q.shape[1]
+    widths[SCALED_QUERIES] = q.shape[1]
 
     def step(carry, travel, first_key):
         k_piece, keyed_piece, ids = travel
