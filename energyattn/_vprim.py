@@ -129,6 +129,39 @@ vprim_p = create_vprim(
     "energyattn_vprim", _vprim_impl, _vprim_abstract_eval, _vprim_jvp, _vprim_transpose
 )
 
+_dce_params: dict = {}
+
+
+def def_dce(prim: jex.Primitive, rule: Callable) -> None:
+    """Dead-code elimination for `prim`'s equations, batched (`vprim_p`) or not:
+    `rule(used_outputs, params) -> (params, kept)` gives the parameters of an equation that
+    computes only the outputs `kept` (a mask over the outputs, covering every used one).
+    JAX's own rule keeps a whole equation when any output is used."""
+    _dce_params[prim] = rule
+    pe.dce_rules[prim] = _dce
+
+
+def _dce(used_outputs, *rest):
+    # (The rule's signature gained `live_inputs` in JAX 0.11: the equation is the last
+    # argument.)
+    eqn = rest[-1]
+    inputs = len(eqn.invars)
+    if not any(used_outputs):
+        return [False] * inputs, None
+    batched = eqn.primitive is vprim_p
+    prim = eqn.params["prim"] if batched else eqn.primitive
+    if all(used_outputs) or prim not in _dce_params:
+        return [True] * inputs, eqn
+    inner = dict(eqn.params["params"]) if batched else eqn.params
+    params, kept = _dce_params[prim](list(used_outputs), inner)
+    if batched:
+        params = {**eqn.params, "params": tuple(params.items())}
+    outvars = [v for v, keep in zip(eqn.outvars, kept, strict=True) if keep]
+    return [True] * inputs, eqn.replace(params=params, outvars=outvars)
+
+
+pe.dce_rules[vprim_p] = _dce
+
 
 def _checkpoint_rule(saveable, unks_in, inst_in, eqn):
     """`partial_eval_jaxpr_custom` (`jax.checkpoint`) for a `vprim_p` equation: staged whole

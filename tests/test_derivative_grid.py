@@ -50,8 +50,10 @@ FIRST = ("value", "grad", "jvp", "linearize", "vmap")
 SECOND = ("hvp_forward_over_reverse", "hvp_reverse_over_reverse", "jacfwd", "jacrev", "hessian")
 EVERY = FIRST + SECOND + ("third", "fourth")
 #: Gradients through programs that JAX partially evaluates as jaxprs: a checkpoint (saving
-#: nothing, or the products), and a `custom_jvp` (whose rule is a JVP of the energy) in a `jit`.
-STAGED = ("checkpoint", "checkpoint_saving_dots", "custom_jvp_in_jit")
+#: nothing, or the products), a `custom_jvp` (whose rule is a JVP of the energy) in a `jit`,
+#: and the gradient of a JVP traced unnested (the fused pass, its log-sum-exp's tangent a
+#: term) in a `jit`.
+STAGED = ("checkpoint", "checkpoint_saving_dots", "custom_jvp_in_jit", "reverse_over_jitted_jvp")
 
 
 def transformations(f, x, theta, tx, ttheta, names):
@@ -63,6 +65,9 @@ def transformations(f, x, theta, tx, ttheta, names):
 
     def third(x):
         return jax.grad(lambda x: jnp.vdot(hvp_fr(x), tx))(x)
+
+    def directional(x, theta):  # forward mode, traced before it is differentiated
+        return jax.jvp(f, (x, theta), (tx, ttheta))[1]
 
     dots = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
     staged = jax.custom_jvp(f)
@@ -85,6 +90,7 @@ def transformations(f, x, theta, tx, ttheta, names):
             x, theta
         ),
         "custom_jvp_in_jit": lambda: jax.grad(jax.jit(staged), argnums=(0, 1))(x, theta),
+        "reverse_over_jitted_jvp": lambda: jax.grad(jax.jit(directional), argnums=(0, 1))(x, theta),
     }
     return {name: every[name]() for name in names}
 

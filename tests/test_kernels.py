@@ -421,6 +421,31 @@ def test_a_jvp_is_one_fused_pass_and_linearize_splits_it():
     assert fused(lambda q: jax.linearize(f, q)[1](q)) == 0
 
 
+def test_a_jvp_of_the_log_sum_exp_alone_keeps_no_attention_sized_tangent():
+    # Its tangent is a term of the fused pass (sum_j p_ij s'_ij, one column per query); the
+    # output's tangent and r = sum_j p_ij k'_j, unused, are dropped by dead-code elimination
+    # (as `jax.jit` does before lowering), one head or vmapped over heads.
+    from jax.interpreters import partial_eval as pe
+
+    rng = np.random.default_rng(0)
+    q, t = (jnp.asarray(rng.normal(size=(2, 7, 3)), jnp.float32) for _ in range(2))
+
+    def f(q):
+        return jnp.sum(ea.attention_logsumexp(q, q, beta=0.8, implementation="blockwise"))
+
+    for g, x, tx in ((f, q[0], t[0]), (jax.vmap(f), q, t)):
+        closed = jax.make_jaxpr(lambda x, tx, g=g: jax.jvp(g, (x,), (tx,)))(x, tx)
+        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True, True])
+        fused = [e for e in jaxpr.eqns if "forward_terms" in str(e.params.get("prim", e.primitive))]
+        assert len(fused) == 1
+        # The log-sum-exp, the output (the forward's own), and the tangent: one column.
+        lse, out, tangent = (v.aval.shape[-2:] for v in fused[0].outvars)
+        assert out == (7, 3) and tangent == (7, 1)
+    # And the same tangent as the naive path's.
+    want = jax.jvp(lambda x: jnp.sum(ea.attention_logsumexp(x, x, beta=0.8)), (q[0],), (t[0],))
+    np.testing.assert_allclose(jax.jvp(f, (q[0],), (t[0],)), want, rtol=1e-5)
+
+
 def _pass_operands(g, *args):
     """The operands `(shape, dtype)` of every attention pass (forward, fused, terms) in the
     jaxpr of `g(*args)`."""

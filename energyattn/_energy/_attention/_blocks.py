@@ -41,6 +41,12 @@ Factor = tuple[tuple[int, int], ...]
 KEYS = -1
 SCALED_QUERIES = -2
 SCALED_KEYS = -3
+#: A row term's value that sums the weights alone, $\sum_j w_{ij}$, one column per query (the
+#: values of a per-key array of ones, never formed): the log-sum-exp's tangent
+#: $\sum_j p_{ij}\dot s_{ij}$ without an attention-sized output.
+ONES = -4
+#: The special indices that are no array of the pass.
+SPECIAL = frozenset({KEYS, SCALED_QUERIES, SCALED_KEYS, ONES})
 
 
 class Structure(NamedTuple):
@@ -73,7 +79,8 @@ class Term(NamedTuple):
     - `factors`: the weights' factors; each a tuple of `(a, b)` pairs, the indices of a
       per-query array $A$ and a per-key array $B$ in the pass's `arrays` (`KEYS`: the keys,
       `SCALED_QUERIES`: $\beta q$, `SCALED_KEYS`: $\beta k$), summed.
-    - `value`: the index of $X$ in `arrays` (or `KEYS`, `SCALED_QUERIES`, `SCALED_KEYS`).
+    - `value`: the index of $X$ in `arrays` (or `KEYS`, `SCALED_QUERIES`, `SCALED_KEYS`;
+      `ONES` for a row term $\sum_j w_{ij}$, one column).
     """
 
     row: bool
@@ -108,6 +115,29 @@ def _blocks(x, block_size):
     num_blocks = -(-mem // block_size)
     pad = [(0, num_blocks * block_size - mem)] + [(0, 0)] * (x.ndim - 1)
     return jnp.pad(x, pad).reshape(num_blocks, block_size, *x.shape[1:])
+
+
+def blocked_keys(per_key):
+    """The per-key indices whose blocks a pass reads from an array (not the keys scaled by
+    beta, formed per block, nor `ONES`, never formed)."""
+    return sorted(per_key - {SCALED_KEYS, ONES})
+
+
+def value_widths(arrays, q, k) -> dict[int, int]:
+    """The width of each index's values: an array's columns, the queries' or keys' width
+    for `KEYS`, `SCALED_QUERIES` and `SCALED_KEYS`, one for `ONES`."""
+    widths = {i: a.shape[1] for i, a in arrays.items() if i not in SPECIAL}
+    widths.update({KEYS: k.shape[1], SCALED_QUERIES: q.shape[1], SCALED_KEYS: k.shape[1]})
+    widths[ONES] = 1
+    return widths
+
+
+def weighted_sum(w, x, matmul=None):
+    r"""A block's row sums $\sum_j w_{ij} X_j$, `w @ x`, or $\sum_j w_{ij}$ where `x` is
+    `None` (the values `ONES`)."""
+    if x is None:
+        return jnp.sum(w, axis=1, keepdims=True)
+    return (matmul or _matmul)(w, x)
 
 
 def _key_blocks(k, keyed, acc, block_size):
@@ -267,7 +297,7 @@ def online_terms(sums, rescale, probs, terms, pair, values, matmul=_matmul):
     `values`: per term, the block's rows of its per-key array."""
     weights = term_weights(probs, terms, pair)
     return tuple(
-        s * _column(rescale) + matmul(w, x).astype(s.dtype)
+        s * _column(rescale) + weighted_sum(w, x, matmul).astype(s.dtype)
         for s, w, x in zip(sums, weights, values, strict=True)
     )
 
@@ -287,8 +317,7 @@ def forward_chunk(
     per_query, per_key = array_roles(terms)
     arrays = key_arrays(q, k, beta, arrays or {})
     rows = {i: arrays[i].astype(acc) for i in per_query}
-    blocked = sorted(per_key - {SCALED_KEYS})
-    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked}
+    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked_keys(per_key)}
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
@@ -309,7 +338,7 @@ def forward_chunk(
             return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
 
         rescale = jnp.exp(run_max - shift)
-        values = [keyed_b[t.value] for t in terms]
+        values = [keyed_b.get(t.value) for t in terms]  # (None: ONES)
         sums = online_terms(sums, rescale, probs, terms, pair, values)
         return (new_max, total, out, *sums), None
 
@@ -339,7 +368,7 @@ def forward_finish(carry):
 
 def terms_init(seq, arrays, terms, acc, dim):
     """The row terms' sums before any key (`dim`: the keys' and queries' width)."""
-    widths = {i: a.shape[1] for i, a in arrays.items()}
+    widths = {**{i: a.shape[1] for i, a in arrays.items()}, ONES: 1}
     widths.update({KEYS: dim, SCALED_QUERIES: dim, SCALED_KEYS: dim})
     return tuple(jnp.zeros((seq, widths[t.value]), acc) for t in terms if t.row)
 
@@ -365,8 +394,7 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
     # Per-query arrays in the accumulation dtype (transposed for the column terms' values).
     rows = {i: arrays[i].astype(acc) for i in per_query}
     cols_t = {t.value: rows[t.value].T for t in terms if not t.row}
-    blocked = sorted(per_key - {SCALED_KEYS})
-    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked}
+    keyed = {i: _blocks(arrays[i].astype(acc), block_size) for i in blocked_keys(per_key)}
     starts = jnp.arange(-(-mem // block_size)) * block_size
     padded = mem if mem % block_size else None
 
@@ -387,7 +415,7 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
         r = 0
         for term, w in zip(terms, term_weights(probs, terms, pair), strict=True):
             if term.row:
-                sums[r] = sums[r] + jnp.einsum("sb,bd->sd", w, keyed_b[term.value])
+                sums[r] = sums[r] + weighted_sum(w, keyed_b.get(term.value))
                 r += 1
             else:
                 col_out.append(jnp.einsum("ds,sb->db", cols_t[term.value], w))

@@ -32,13 +32,17 @@ which vmaps these rules; a vmap over heads runs head by head on a CPU when the b
 (`_passes._in_turn`). They are primitives rather than `jax.custom_jvp`s because JAX then
 never looks inside their implementations (the head loop is a `custom_vmap`, which partial
 evaluation inside `lax.scan` rejects), and because a primitive can drop unused terms
-(`_terms_dce`).
+(`_dce`, batched or not).
 
 `jax.jvp` takes a fused pass (`forward_terms_p`): the forward and the tangent's row terms
-in one online pass, with one set of exponentials. `jax.linearize` and reverse mode take the
-forward and a terms pass apart (`_forward_linearize`, a linearization rule), so that the
-primal stays known; under an outer derivative the unfused pair is used too, so the fused
-primitive is never differentiated in practice (its JVP is its unfused equal's). Where JAX
+in one online pass, with one set of exponentials. There the log-sum-exp's tangent is a term
+too, $\sum_j p_{ij}\dot s_{ij}$ (the values `ONES`), so that a JVP of the log-sum-exp alone
+drops $r$ and the output's tangent: it holds no attention-sized tangent.
+
+`jax.linearize` and reverse mode take the forward and a terms pass apart
+(`_forward_unfused_jvp`, a linearization rule), so that the primal stays known; under an outer
+derivative the unfused pair is used too, so the fused primitive is never differentiated in
+practice (its JVP is its unfused equal's). Where JAX
 partially evaluates a JVP it traced earlier (linearizing a `jit`, a `jax.checkpoint` or a
 `custom_jvp` that holds one), the fused pass becomes its unfused pair again (its
 partial-evaluation rules), so that its primal outputs stay known.
@@ -52,8 +56,8 @@ from jax.sharding import PartitionSpec
 
 from ... import _internals
 from ..._mask import SegmentIds
-from ..._vprim import create_vprim, vprim_batch, vprim_p
-from ._blocks import KEYS, SCALED_KEYS, SCALED_QUERIES, Term, array_roles
+from ..._vprim import create_vprim, def_dce, vprim_batch, vprim_p
+from ._blocks import KEYS, ONES, SCALED_KEYS, SCALED_QUERIES, Term, array_roles, value_widths
 from ._passes import Config, run_forward, run_terms
 
 closed_call_p = jex.primitives.closed_call_p
@@ -136,11 +140,8 @@ def _terms_impl(*args, terms, config, mask_kind):
 
 def _terms_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, _, *rest = avals
-    arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
-    arrays[SCALED_KEYS] = k
-    return [
-        _rows_like(q if term.row else k, arrays[term.value].shape[1], beta.dtype) for term in terms
-    ]
+    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), q, k)
+    return [_rows_like(q if term.row else k, widths[term.value], beta.dtype) for term in terms]
 
 
 def _rows_like(aval, width, dtype):
@@ -175,13 +176,14 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
     acc = beta.dtype
     a = _scaled_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
     arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None, SCALED_KEYS: None}
-    t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a}
+    arrays[ONES] = None
+    t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a, ONES: None}
     keyed = array_roles(terms)[1]  # (every index a term reads per key)
     if SCALED_KEYS in keyed:
         t_arrays[SCALED_KEYS] = _scaled_tangent(k, beta, t_k, t_beta)
     new = _Arrays(k)
     index = {i: new.add(x, i in keyed) for i, x in arrays.items() if i >= 0}
-    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES, SCALED_KEYS: SCALED_KEYS})
+    index.update({i: i for i in (KEYS, SCALED_QUERIES, SCALED_KEYS, ONES)})
 
     def tangent(i):  # added to the pass where a term uses it
         t = t_arrays.get(i)
@@ -243,19 +245,20 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
     mask, _ = _split_mask([jnp.asarray(x) for x in rest[:n]], mask_kind)
     arrays = rest[n:]
     undefined = {i: isinstance(x, ad.UndefinedPrimal) for i, x in enumerate(arrays)}
-    undefined[KEYS] = undefined[SCALED_QUERIES] = undefined[SCALED_KEYS] = False
+    undefined.update(dict.fromkeys((KEYS, SCALED_QUERIES, SCALED_KEYS, ONES), False))
     keyed = array_roles(terms)[1]
     new = _Arrays(k)
     index = {
         i: None if undefined[i] else new.add(jnp.asarray(x), i in keyed)
         for i, x in enumerate(arrays)
     }
-    index.update({KEYS: KEYS, SCALED_QUERIES: SCALED_QUERIES, SCALED_KEYS: SCALED_KEYS})
+    index.update({i: i for i in (KEYS, SCALED_QUERIES, SCALED_KEYS, ONES)})
+    acc = beta.dtype
 
     def defined(f):
         return tuple((index[a], index[b]) for a, b in f)
 
-    t_terms, dest = [], []
+    t_terms, dest, scales = [], [], []  # (scales: of the results' rows, or None)
     for term, ct in zip(terms, cts_out, strict=True):
         if type(ct) is ad.Zero or ct is None:
             continue
@@ -265,11 +268,31 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
             continue
         if slots > 1:
             raise NotImplementedError("an attention term is not linear in its arrays")
+        if term.value == ONES:
+            # sum_j w_ij A_i . B_j: the cotangent c_i scales the rows. It scales the values
+            # of B's column term, and the sums of A's row term after the pass.
+            (f,) = linear
+            others = tuple(defined(g) for i, g in enumerate(term.factors) if i != f)
+            for a, b in term.factors[f]:
+                if undefined[a] == undefined[b]:
+                    raise NotImplementedError("an attention term's factor is not linear")
+                if undefined[a]:
+                    t_terms.append(Term(True, others, index[b]))
+                    scales.append(ct)
+                    dest.append(a)
+                else:
+                    rows = beta * q.astype(acc) if a == SCALED_QUERIES else jnp.asarray(arrays[a])
+                    values = ct.astype(acc) * rows.astype(acc)
+                    t_terms.append(Term(False, others, new.add(values, False)))
+                    scales.append(None)
+                    dest.append(b)
+            continue
         c = new.add(ct, not term.row)  # shaped like the term: per query for a row term
         if undefined[term.value]:
             # sum_j w_ij X_j transposes to sum_i w_ij C_i, and back.
             factors = tuple(defined(f) for f in term.factors)
             t_terms.append(Term(not term.row, factors, c))
+            scales.append(None)
             dest.append(term.value)
             continue
         (f,) = linear
@@ -286,11 +309,12 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
             else:
                 t_terms.append(Term(False, paired, index[a]))
                 dest.append(b)
+            scales.append(None)
 
     cts = [None] * len(arrays)
     results = attention_terms(q, k, beta, lse, mask, new.arrays, t_terms, config)
-    for i, result in zip(dest, results, strict=True):
-        cts[i] = _add(cts[i], result)
+    for i, scale, result in zip(dest, scales, results, strict=True):
+        cts[i] = _add(cts[i], result if scale is None else scale * result)
     # No cotangent (`None`) for what the terms are not linear in, and for an array no term
     # reached: JAX takes it as zero.
     cts = [None if c is None else c.astype(x.aval.dtype) for c, x in zip(cts, arrays, strict=True)]
@@ -355,10 +379,17 @@ def _forward_abstract_eval(*avals, config, mask_kind):
     ]
 
 
-def _forward_tangent(primals, tangents, config, mask_kind, forward):
-    """The forward pass's primal and tangent outputs. `forward(q, k, beta, mask, arrays,
-    terms)` gives `(lse, out, *row_terms)`: the fused pass, or the forward pass followed by
-    a terms pass (`_unfused`)."""
+def _forward_tangent(primals, tangents, config, mask_kind, forward, fused=False):
+    r"""The forward pass's primal and tangent outputs. `forward(q, k, beta, mask, arrays,
+    terms)` gives `(lse, out, *row_terms)`: the fused pass (`fused`), or the forward pass
+    followed by a terms pass (`_unfused`).
+
+    Fused, the log-sum-exp's tangent is a term of the pass, $\sum_j p_{ij}\dot s_{ij}$ (the
+    values `ONES`: the weights of $\dot o$'s first term, summed), so that a JVP of the
+    log-sum-exp alone keeps no attention-sized tangent ($r$ and $\sum_j p_{ij}\dot s_{ij}
+    k_j$, dropped by dead-code elimination). Unfused (linearized, then transposed), it is
+    $a_i\cdot o_i + \beta q_i\cdot r_i$, whose transpose reads the output $o$ for the
+    queries' cotangent instead of a second product."""
     q, k, beta, *rest = (jnp.asarray(a) for a in primals)
     mask, _ = _split_mask(rest, mask_kind)
     t_q, t_k, t_beta = (None if type(t) is ad.Zero else t for t in tangents[:3])
@@ -373,12 +404,18 @@ def _forward_tangent(primals, tangents, config, mask_kind, forward):
     if t_k is not None:
         score.append((SCALED_QUERIES, arrays.add(t_k, True)))
     terms = [Term(True, (tuple(score),), KEYS)]  # sum_j p_ij s'_ij k_j
+    if fused:
+        terms.append(Term(True, (tuple(score),), ONES))  # lse'_i = sum_j p_ij s'_ij
     if t_k is not None:
         terms.append(Term(True, (), arrays.add(t_k, True)))  # r_i = sum_j p_ij k'_j
     lse, out, weighted, *r = forward(q, k, beta, mask, arrays.arrays, tuple(terms))
-    t_lse = None if a is None else _rowdot(a, out)
-    if r:
-        t_lse = _add(t_lse, beta * _rowdot(q.astype(acc), r[0]))
+    if fused:
+        t_lse, *r = r
+        t_lse = t_lse[:, 0]
+    else:
+        t_lse = None if a is None else _rowdot(a, out)
+        if r:
+            t_lse = _add(t_lse, beta * _rowdot(q.astype(acc), r[0]))
     # A batch-only product, not a broadcast: its transpose is then a row dot ("sd,sd->s"),
     # which XLA's CPU backend reduces 6x faster than the broadcast's transpose (a reduction
     # of a 3-d array under `vmap`; 0.35 against 0.05 ms at 1024 queries, 1.7% of a training
@@ -392,7 +429,7 @@ def _forward_tangent(primals, tangents, config, mask_kind, forward):
 def _forward_jvp(primals, tangents, *, config, mask_kind):
     """`jax.jvp`: one fused pass for the primal and the tangent (one set of exponentials),
     where the pass is on one device; `jax.linearize` and reverse mode take
-    `_forward_linearize` instead, which splits it into the forward and a terms pass."""
+    `_forward_unfused_jvp` instead, which splits it into the forward and a terms pass."""
     # Fused only where nothing outside differentiates this JVP: under an outer derivative
     # (a JVP inside a linearization, reverse over forward; a third derivative) the fused
     # pass would be differentiated in turn, and under partial evaluation its primal outputs
@@ -407,7 +444,7 @@ def _forward_jvp(primals, tangents, *, config, mask_kind):
     def fused(q, k, beta, mask, arrays, terms):
         return attention_forward_terms(q, k, beta, mask, arrays, terms, config)
 
-    return _forward_tangent(primals, tangents, config, mask_kind, fused)
+    return _forward_tangent(primals, tangents, config, mask_kind, fused, fused=True)
 
 
 _unbatched = _internals.unbatched
@@ -481,30 +518,29 @@ def _fused_impl(*args, terms, config, mask_kind):
 
 def _fused_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, *rest = avals
-    arrays = {**dict(enumerate(rest[_mask_size(mask_kind) :])), KEYS: k, SCALED_QUERIES: q}
-    arrays[SCALED_KEYS] = k
+    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), q, k)
     return [
         *_forward_abstract_eval(q, k, beta, config=config, mask_kind=None),
-        *(_rows_like(q, arrays[t.value].shape[1], beta.dtype) for t in terms),
+        *(_rows_like(q, widths[t.value], beta.dtype) for t in terms),
     ]
 
 
 def _fused_jvp(primals, tangents, *, terms, config, mask_kind):
-    """The fused pass's derivative is its unfused equal's (whose JVP is fused again)."""
-    positions = [
-        i for i, x in enumerate(primals) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-    ]
+    """The fused pass's derivative is its unfused equal's (whose JVP is fused again), in the
+    operands whose tangents are not zero: a zero made concrete would enter the terms'
+    factors as a constant pair, which no transpose can take (the log-sum-exp's tangent term
+    has the JVP's own tangents in its factor)."""
+    positions = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
 
-    def unfused(*inexact):
+    def unfused(*moving):
         args = list(primals)
-        for i, x in zip(positions, inexact, strict=True):
+        for i, x in zip(positions, moving, strict=True):
             args[i] = x
         q, k, beta, mask, arrays = _fused_operands(args, mask_kind)
         return _unfused(config)(q, k, beta, mask, arrays, terms)
 
-    inexact = [primals[i] for i in positions]
-    t_inexact = [ad.instantiate_zeros(tangents[i]) for i in positions]
-    out, t_out = jax.jvp(unfused, inexact, t_inexact)
+    moving = [primals[i] for i in positions]
+    out, t_out = jax.jvp(unfused, moving, [tangents[i] for i in positions])
     return list(out), list(t_out)
 
 
@@ -637,21 +673,20 @@ def _terms_batch(axis_size, axis_name, trace_type, vals, dims, *, terms, config,
 batching.axis_primitive_batchers[terms_p] = _terms_batch
 
 
-def _terms_dce(used_outputs, *rest):
-    """Dead-code elimination of unused terms (their outputs are unused; JAX's rule would keep
-    or drop the whole pass). A forward-mode derivative of the energy alone does not use the
-    attention output's tangent: its terms are dropped before they are compiled. The rule's
-    signature gained `live_inputs` in JAX 0.11: the equation is the last argument."""
-    eqn = rest[-1]
-    if all(used_outputs):
-        return [True] * len(eqn.invars), eqn
-    if not any(used_outputs):
-        return [False] * len(eqn.invars), None
-    terms = tuple(t for t, used in zip(eqn.params["terms"], used_outputs, strict=True) if used)
-    outvars = [v for v, used in zip(eqn.outvars, used_outputs, strict=True) if used]
-    return [True] * len(eqn.invars), eqn.replace(
-        params={**eqn.params, "terms": terms}, outvars=outvars
-    )
+def _dce(fixed):
+    """Dead-code elimination of unused terms, batched or not (`def_dce`; JAX's rule would keep
+    or drop the whole pass), after `fixed` outputs that are always computed (the fused
+    pass's log-sum-exp and output). A forward-mode derivative of the energy alone uses
+    neither the attention output's tangent nor its terms: they are dropped before they are
+    compiled."""
+
+    def rule(used_outputs, params):
+        kept = [True] * fixed + used_outputs[fixed:]
+        terms = tuple(t for t, keep in zip(params["terms"], kept[fixed:], strict=True) if keep)
+        return {**params, "terms": terms}, kept
+
+    return rule
 
 
-pe.dce_rules[terms_p] = _terms_dce
+def_dce(terms_p, _dce(0))
+def_dce(forward_terms_p, _dce(2))

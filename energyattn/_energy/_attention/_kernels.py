@@ -58,6 +58,7 @@ from ..._dtypes import accumulation_dtype
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
+    ONES,
     SCALED_KEYS,
     SCALED_QUERIES,
     Structure,
@@ -69,6 +70,8 @@ from ._blocks import (
     online_terms,
     online_update,
     term_weights,
+    value_widths,
+    weighted_sum,
 )
 from ._policy import BlockSizes, Budget, KernelTiles, kernel_tiles, narrow_tiles
 
@@ -332,7 +335,9 @@ def step(spec: Pass, carry, blocks, queries, keys):
         return (*new, *sums)
     probs = block_probs(scores, blocks["lse"], allowed)
     weights = term_weights(probs, terms, pair)
-    return tuple(s + products.nn(w, x) for s, w, x in zip(carry, weights, values, strict=True))
+    return tuple(
+        s + weighted_sum(w, x, products.nn) for s, w, x in zip(carry, weights, values, strict=True)
+    )
 
 
 def init(spec: Pass, acc) -> tuple:
@@ -504,6 +509,8 @@ def gather(spec: Pass, ops, reads) -> dict:
             values = Scaled(blocks["q"].cols(output.start, output.width), blocks["beta"])
         elif index == SCALED_KEYS:
             values = Scaled(blocks["k"].cols(output.start, output.width), blocks["beta"])
+        elif index == ONES:
+            values = None  # the weights' row sums: `weighted_sum`
         else:
             named = {KEYS: "k", SCALED_QUERIES: "sq"}
             held = blocks[named[index]] if index in named else blocks["arrays"][index]
@@ -686,7 +693,7 @@ def forward(
         "forward", q, k, beta, mask, arrays, terms, structure, blocks, platform, generation
     )
     seq, dim = q.shape
-    true_widths = _true_widths(q, k, arrays)
+    true_widths = value_widths(arrays, q, k)
     run = functools.partial(
         _call,
         q=q,
@@ -743,7 +750,7 @@ def terms(
     The terms are split over as many kernels as their budget asks."""
     arrays = dict(arrays)
     seq, mem = q.shape[0], k.shape[0]
-    true_widths = _true_widths(q, k, arrays)
+    true_widths = value_widths(arrays, q, k)
     by_row: dict[bool, Any] = {}
     for kind, row in (("rows", True), ("columns", False)):
         chosen = tuple(t for t in terms_ if t.row == row)
@@ -766,15 +773,6 @@ def terms(
     return tuple(out)
 
 
-def _true_widths(q, k, arrays):
-    return {
-        **{i: a.shape[1] for i, a in arrays.items()},
-        KEYS: k.shape[1],
-        SCALED_QUERIES: q.shape[1],
-        SCALED_KEYS: k.shape[1],
-    }
-
-
 def mask_kind(mask) -> str | None:
     if mask is None:
         return None
@@ -789,7 +787,7 @@ def _spec(kind, q, k, beta, mask, arrays, terms_, structure, blocks, platform, g
     lanes = 128 if platform == "tpu" else 16
     dim_p = _pow2(dim, lanes)
     widths = {i: _pow2(a.shape[1], lanes) for i, a in arrays.items()}
-    widths.update({KEYS: dim_p, SCALED_QUERIES: dim_p, SCALED_KEYS: dim_p})
+    widths.update({KEYS: dim_p, SCALED_QUERIES: dim_p, SCALED_KEYS: dim_p, ONES: 1})
     tiles, budget = kernel_tiles(
         blocks,
         platform,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from . import _cudnn, _kernels, _lowered
 from ._blocks import (
     KEYS,
+    ONES,
     SCALED_KEYS,
     SCALED_QUERIES,
     Structure,
@@ -182,7 +183,7 @@ def run_terms(q, k, beta, lse, mask, arrays, terms: tuple[Term, ...], config: Co
         if config.method == "cudnn":
             # Plain (unweighted) terms through the fused kernel.
             for t, term in enumerate(terms):
-                if not term.factors:
+                if not term.factors and term.value != ONES:
                     run = _cudnn.fused_rows if term.row else _cudnn.fused_columns
                     values = {KEYS: k, SCALED_QUERIES: beta * q, SCALED_KEYS: beta * k}.get(
                         term.value

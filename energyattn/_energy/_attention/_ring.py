@@ -19,9 +19,9 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
-    SCALED_KEYS,
     SCALED_QUERIES,
     array_roles,
+    blocked_keys,
     forward_chunk,
     forward_finish,
     forward_init,
@@ -144,7 +144,7 @@ def _local_forward(ring, q, k, beta, mask, structure, block_size):
 def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_size):
     acc = beta.dtype
     _, per_key = array_roles(terms)
-    keyed = {i: arrays[i] for i in sorted(per_key - {KEYS, SCALED_KEYS})}
+    keyed = {i: arrays[i] for i in blocked_keys(per_key) if i != KEYS}
     whole = {i: a for i, a in arrays.items() if i not in per_key}
     widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: k.shape[1]}
     widths[SCALED_QUERIES] = q.shape[1]
