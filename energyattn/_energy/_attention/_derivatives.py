@@ -40,12 +40,12 @@ too, $\sum_j p_{ij}\dot s_{ij}$ (the values `ONES`), so that a JVP of the log-su
 drops $r$ and the output's tangent: it holds no attention-sized tangent.
 
 `jax.linearize` and reverse mode take the forward and a terms pass apart
-(`_forward_unfused_jvp`, a linearization rule), so that the primal stays known; under an outer
-derivative the unfused pair is used too, so the fused primitive is never differentiated in
-practice (its JVP is its unfused equal's). Where JAX
-partially evaluates a JVP it traced earlier (linearizing a `jit`, a `jax.checkpoint` or a
-`custom_jvp` that holds one), the fused pass becomes its unfused pair again (its
-partial-evaluation rules), so that its primal outputs stay known.
+(`_forward_unfused_jvp`, a linearization rule), so that the primal stays known; under an
+outer derivative the unfused pair is used too, so the fused primitive is never
+differentiated in practice (its JVP is its unfused equal's). Where JAX partially evaluates a
+JVP it traced earlier (linearizing a `jit`, a `jax.checkpoint` or a `custom_jvp` that holds
+one), the fused pass becomes its unfused pair again (its partial-evaluation rules), so that
+its primal outputs stay known.
 """
 
 import jax
