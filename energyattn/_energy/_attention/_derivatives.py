@@ -268,48 +268,38 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
             continue
         if slots > 1:
             raise NotImplementedError("an attention term is not linear in its arrays")
-        if term.value == ONES:
-            # sum_j w_ij A_i . B_j: the cotangent c_i scales the rows. It scales the values
-            # of B's column term, and the sums of A's row term after the pass.
-            (f,) = linear
-            others = tuple(defined(g) for i, g in enumerate(term.factors) if i != f)
-            for a, b in term.factors[f]:
-                if undefined[a] == undefined[b]:
-                    raise NotImplementedError("an attention term's factor is not linear")
-                if undefined[a]:
-                    t_terms.append(Term(True, others, index[b]))
-                    scales.append(ct)
-                    dest.append(a)
-                else:
-                    rows = beta * q.astype(acc) if a == SCALED_QUERIES else jnp.asarray(arrays[a])
-                    values = ct.astype(acc) * rows.astype(acc)
-                    t_terms.append(Term(False, others, new.add(values, False)))
-                    scales.append(None)
-                    dest.append(b)
-            continue
-        c = new.add(ct, not term.row)  # shaped like the term: per query for a row term
         if undefined[term.value]:
             # sum_j w_ij X_j transposes to sum_i w_ij C_i, and back.
             factors = tuple(defined(f) for f in term.factors)
-            t_terms.append(Term(not term.row, factors, c))
+            t_terms.append(Term(not term.row, factors, new.add(ct, not term.row)))
             scales.append(None)
             dest.append(term.value)
             continue
         (f,) = linear
         others = tuple(defined(g) for i, g in enumerate(term.factors) if i != f)
-        x = index[term.value]
-        # <C, term> pairs the cotangent with the values: a factor (per query, per key).
-        paired = others + ((((c, x),) if term.row else ((x, c),)),)
+        if term.value == ONES:
+            # sum_j w_ij (A_i . B_j): the cotangent c_i scales the rows, the values of B's
+            # column term and the sums of A's row term (after the pass).
+            paired, scale = others, ct
+        else:
+            # <C, term> pairs the cotangent with the values: a factor (per query, per key).
+            c, x = new.add(ct, not term.row), index[term.value]  # (C: shaped like the term)
+            paired, scale = others + ((((c, x),) if term.row else ((x, c),)),), None
         for a, b in term.factors[f]:
             if undefined[a] == undefined[b]:
                 raise NotImplementedError("an attention term's factor is not linear")
             if undefined[a]:
                 t_terms.append(Term(True, paired, index[b]))
+                scales.append(scale)
                 dest.append(a)
-            else:
-                t_terms.append(Term(False, paired, index[a]))
-                dest.append(b)
+                continue
+            values = index[a]
+            if scale is not None:
+                rows = beta * q.astype(acc) if a == SCALED_QUERIES else jnp.asarray(arrays[a])
+                values = new.add(scale.astype(acc) * rows.astype(acc), False)
+            t_terms.append(Term(False, paired, values))
             scales.append(None)
+            dest.append(b)
 
     cts = [None] * len(arrays)
     results = attention_terms(q, k, beta, lse, mask, new.arrays, t_terms, config)
