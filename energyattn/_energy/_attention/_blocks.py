@@ -123,21 +123,13 @@ def blocked_keys(per_key):
     return sorted(per_key - {SCALED_KEYS, ONES})
 
 
-def value_widths(arrays, q, k) -> dict[int, int]:
-    """The width of each index's values: an array's columns, the queries' or keys' width
-    for `KEYS`, `SCALED_QUERIES` and `SCALED_KEYS`, one for `ONES`."""
+def value_widths(arrays, dim: int) -> dict[int, int]:
+    """The width of each index's values: an array's columns, the head size `dim` (the
+    queries' and the keys') for `KEYS`, `SCALED_QUERIES` and `SCALED_KEYS`, one for
+    `ONES`."""
     widths = {i: a.shape[1] for i, a in arrays.items() if i not in SPECIAL}
-    widths.update({KEYS: k.shape[1], SCALED_QUERIES: q.shape[1], SCALED_KEYS: k.shape[1]})
-    widths[ONES] = 1
+    widths.update({KEYS: dim, SCALED_QUERIES: dim, SCALED_KEYS: dim, ONES: 1})
     return widths
-
-
-def weighted_sum(w, x, matmul=None):
-    r"""A block's row sums $\sum_j w_{ij} X_j$, `w @ x`, or $\sum_j w_{ij}$ where `x` is
-    `None` (the values `ONES`)."""
-    if x is None:
-        return jnp.sum(w, axis=1, keepdims=True)
-    return (matmul or _matmul)(w, x)
 
 
 def _key_blocks(k, keyed, acc, block_size):
@@ -221,6 +213,14 @@ def _matmul(a, b):
     """`a @ b`, accumulated in the dtype of the wider operand (at least float32)."""
     acc = accumulation_dtype(a.dtype, b.dtype)
     return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=acc)
+
+
+def weighted_sum(w, x, matmul=_matmul):
+    r"""A block's row sums $\sum_j w_{ij} X_j$, `matmul(w, x)`, or $\sum_j w_{ij}$ where `x`
+    is `None` (the values `ONES`)."""
+    if x is None:
+        return jnp.sum(w, axis=1, keepdims=True)
+    return matmul(w, x)
 
 
 def online_update(carry, scores, allowed, k_block, matmul=_matmul):
@@ -368,8 +368,7 @@ def forward_finish(carry):
 
 def terms_init(seq, arrays, terms, acc, dim):
     """The row terms' sums before any key (`dim`: the keys' and queries' width)."""
-    widths = {**{i: a.shape[1] for i, a in arrays.items()}, ONES: 1}
-    widths.update({KEYS: dim, SCALED_QUERIES: dim, SCALED_KEYS: dim})
+    widths = value_widths(arrays, dim)
     return tuple(jnp.zeros((seq, widths[t.value]), acc) for t in terms if t.row)
 
 

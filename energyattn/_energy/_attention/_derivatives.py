@@ -57,7 +57,16 @@ from jax.sharding import PartitionSpec
 from ... import _internals
 from ..._mask import SegmentIds
 from ..._vprim import create_vprim, def_dce, vprim_batch, vprim_p
-from ._blocks import KEYS, ONES, SCALED_KEYS, SCALED_QUERIES, Term, array_roles, value_widths
+from ._blocks import (
+    KEYS,
+    ONES,
+    SCALED_KEYS,
+    SCALED_QUERIES,
+    SPECIAL,
+    Term,
+    array_roles,
+    value_widths,
+)
 from ._passes import Config, run_forward, run_terms
 
 closed_call_p = jex.primitives.closed_call_p
@@ -140,7 +149,7 @@ def _terms_impl(*args, terms, config, mask_kind):
 
 def _terms_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, _, *rest = avals
-    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), q, k)
+    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), k.shape[1])
     return [_rows_like(q if term.row else k, widths[term.value], beta.dtype) for term in terms]
 
 
@@ -183,7 +192,7 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
         t_arrays[SCALED_KEYS] = _scaled_tangent(k, beta, t_k, t_beta)
     new = _Arrays(k)
     index = {i: new.add(x, i in keyed) for i, x in arrays.items() if i >= 0}
-    index.update({i: i for i in (KEYS, SCALED_QUERIES, SCALED_KEYS, ONES)})
+    index.update({i: i for i in SPECIAL})
 
     def tangent(i):  # added to the pass where a term uses it
         t = t_arrays.get(i)
@@ -245,14 +254,14 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
     mask, _ = _split_mask([jnp.asarray(x) for x in rest[:n]], mask_kind)
     arrays = rest[n:]
     undefined = {i: isinstance(x, ad.UndefinedPrimal) for i, x in enumerate(arrays)}
-    undefined.update(dict.fromkeys((KEYS, SCALED_QUERIES, SCALED_KEYS, ONES), False))
+    undefined.update(dict.fromkeys(SPECIAL, False))
     keyed = array_roles(terms)[1]
     new = _Arrays(k)
     index = {
         i: None if undefined[i] else new.add(jnp.asarray(x), i in keyed)
         for i, x in enumerate(arrays)
     }
-    index.update({i: i for i in (KEYS, SCALED_QUERIES, SCALED_KEYS, ONES)})
+    index.update({i: i for i in SPECIAL})
     acc = beta.dtype
 
     def defined(f):
@@ -508,7 +517,7 @@ def _fused_impl(*args, terms, config, mask_kind):
 
 def _fused_abstract_eval(*avals, terms, config, mask_kind):
     q, k, beta, *rest = avals
-    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), q, k)
+    widths = value_widths(dict(enumerate(rest[_mask_size(mask_kind) :])), k.shape[1])
     return [
         *_forward_abstract_eval(q, k, beta, config=config, mask_kind=None),
         *(_rows_like(q, widths[t.value], beta.dtype) for t in terms),

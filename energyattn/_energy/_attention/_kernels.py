@@ -693,7 +693,7 @@ def forward(
         "forward", q, k, beta, mask, arrays, terms, structure, blocks, platform, generation
     )
     seq, dim = q.shape
-    true_widths = value_widths(arrays, q, k)
+    true_widths = value_widths(arrays, dim)
     run = functools.partial(
         _call,
         q=q,
@@ -750,7 +750,7 @@ def terms(
     The terms are split over as many kernels as their budget asks."""
     arrays = dict(arrays)
     seq, mem = q.shape[0], k.shape[0]
-    true_widths = value_widths(arrays, q, k)
+    true_widths = value_widths(arrays, k.shape[1])
     by_row: dict[bool, Any] = {}
     for kind, row in (("rows", True), ("columns", False)):
         chosen = tuple(t for t in terms_ if t.row == row)

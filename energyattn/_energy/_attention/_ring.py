@@ -19,7 +19,6 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 from ..._mask import SegmentIds
 from ._blocks import (
     KEYS,
-    SCALED_QUERIES,
     array_roles,
     blocked_keys,
     forward_chunk,
@@ -27,6 +26,7 @@ from ._blocks import (
     forward_init,
     terms_chunk,
     terms_init,
+    value_widths,
 )
 
 
@@ -146,8 +146,7 @@ def _local_terms(ring, q, k, beta, lse, mask, arrays, terms, structure, block_si
     _, per_key = array_roles(terms)
     keyed = {i: arrays[i] for i in blocked_keys(per_key) if i != KEYS}
     whole = {i: a for i, a in arrays.items() if i not in per_key}
-    widths = {**{i: a.shape[1] for i, a in arrays.items()}, KEYS: k.shape[1]}
-    widths[SCALED_QUERIES] = q.shape[1]
+    widths = value_widths(arrays, k.shape[1])
 
     def step(carry, travel, first_key):
         k_piece, keyed_piece, ids = travel
