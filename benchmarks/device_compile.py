@@ -68,6 +68,18 @@ MORE_LENGTHS = (1, 17, 4097, 100003)
 MORE_HEADS = (16, 32, 96, 192, 512)
 #: The programs whose kernels must spill nothing (the issue's zero-spill chips).
 NO_SPILLS = ("h100", "b200")
+#: The memory check's cases: every form of this program at 64k and 128k keys.
+MEMORY_CHECK = ("lse_causal", "bfloat16", 128)
+#: The libtpu setting, per TPU generation, that turns off XLA's memory-space assignment
+#: (which moves the buffers that fit out of HBM: into VMEM on v5e, v5p and v6e, into v4's
+#: CMEM), so that every temporary is counted in HBM: the control of the memory check where
+#: HBM alone grows more than 2.2x (`hbm_controls`).
+HBM_ONLY = {
+    "v4": "--xla_tpu_cmem_memory_space_assignment=false",
+    "v5e": "--xla_vf_vmem_memory_space_assignment=false",
+    "v5p": "--xla_vf_vmem_memory_space_assignment=false",
+    "v6e": "--xla_gf_vmem_memory_space_assignment=false",
+}
 
 
 def dtypes(chip: str) -> tuple[str, ...]:
@@ -173,7 +185,8 @@ def matrix(chip: str, which: str) -> list[tuple]:
     if which == "more":
         return more(chip)
     # The memory check: every form at 64k and 128k keys.
-    cases = [("lse_causal", f, "bfloat16", n, 128) for f in FORMS for n in LENGTHS[1:]]
+    prog, dtype_, head = MEMORY_CHECK
+    cases = [(prog, f, dtype_, n, head) for f in FORMS for n in LENGTHS[1:]]
     if chip in GPUS:
         cases.append((CONTROL, "value", "float32", 128, 128))
         # A sequence shorter than a tile: the float32 HVP with a dense mask at 17 tokens
@@ -270,8 +283,9 @@ def default_compilers(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def environment_for(chip: str) -> dict[str, str]:
-    """The environment a chip's subprocess needs (set before JAX starts)."""
+def environment_for(chip: str, hbm_only: bool = False) -> dict[str, str]:
+    """The environment a chip's subprocess needs (set before JAX starts); `hbm_only`: with
+    XLA's memory-space assignment off (`HBM_ONLY`)."""
     env = dict(os.environ)  # the subprocess drops the speed settings itself (`main`)
     env["JAX_PLATFORMS"] = "cpu"
     env["EQX_ON_ERROR"] = "nan"  # Equinox's runtime checks as NaN: no host callbacks
@@ -280,20 +294,61 @@ def environment_for(chip: str) -> dict[str, str]:
     else:
         env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # TPU compilations in parallel processes
         env["TPU_SKIP_MDS_QUERY"] = "1"
+        if hbm_only:
+            env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {HBM_ONLY[chip]}"
     return env
 
 
+def memory(rows: list[dict], chip: str, key: str, hbm_only: bool = False) -> dict:
+    """`{(form, seq): bytes}` of `chip`'s memory-check cases that compiled (`key`: the
+    rows' count, `temp_bytes` or `temp_bytes_all_spaces`), or of their controls."""
+    return {
+        (r["form"], r["seq"]): r[key]
+        for r in rows
+        if r["chip"] == chip
+        and r["ok"]
+        and (r["program"], r["dtype"], r["head"]) == MEMORY_CHECK
+        and r.get("hbm_only", False) == hbm_only
+    }
+
+
+def superlinear(by: dict) -> list[str]:
+    """The forms whose memory at 128k keys is more than 2.2x that at 64k."""
+    small, large = LENGTHS[1:]
+    return [f for f in FORMS if (f, large) in by and by[f, large] > 2.2 * by.get((f, small), 0) + 1]
+
+
+def hbm_controls(chip: str, rows: list[dict]) -> list[tuple]:
+    """The memory-check cases to compile again with every buffer in HBM (`HBM_ONLY`): on a
+    TPU, those of the forms whose HBM alone grows more than 2.2x. XLA moves the buffers
+    that fit into VMEM (or v4's CMEM), which `memory_analysis()` does not count, so HBM at
+    64k keys can be a small part of what the program holds; the control says whether the
+    program's own HBM grows faster than the sequence."""
+    if chip not in HBM_ONLY:
+        return []
+    prog, dtype_, head = MEMORY_CHECK
+    forms = superlinear(memory(rows, chip, "temp_bytes"))
+    return [(prog, f, dtype_, n, head) for f in forms for n in LENGTHS[1:]]
+
+
+def _compile_in_subprocess(chip: str, cases: list[tuple], hbm_only: bool = False) -> list[dict]:
+    command = [sys.executable, __file__, "--chip", chip, "--cases", json.dumps(cases)]
+    env = environment_for(chip, hbm_only)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 and not rows:
+        rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
+    return [dict(row, hbm_only=True) for row in rows] if hbm_only else rows
+
+
 def run_all(which: str, workers: int = 2) -> list[dict]:
-    """Every chip's matrix, one subprocess per chip, `workers` at a time."""
+    """Every chip's matrix, one subprocess per chip, `workers` at a time; then, on a TPU,
+    the controls of the memory check (`hbm_controls`), rows marked `hbm_only`."""
 
     def one(chip):
-        cases = json.dumps(matrix(chip, which))
-        command = [sys.executable, __file__, "--chip", chip, "--cases", cases]
-        done = subprocess.run(command, env=environment_for(chip), capture_output=True, text=True)
-        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        if done.returncode != 0 and not rows:
-            rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
-        return rows
+        rows = _compile_in_subprocess(chip, matrix(chip, which))
+        controls = hbm_controls(chip, rows)
+        return rows + (_compile_in_subprocess(chip, controls, True) if controls else [])
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return [row for rows in pool.map(one, CHIPS) for row in rows]
@@ -302,7 +357,8 @@ def run_all(which: str, workers: int = 2) -> list[dict]:
 def summary(rows: list[dict]) -> list[str]:
     lines = []
     for chip in CHIPS:
-        mine = [r for r in rows if r["chip"] == chip]
+        everything = [r for r in rows if r["chip"] == chip]
+        mine = [r for r in everything if not r.get("hbm_only")]
         kernels = [k for r in mine if r.get("program") != CONTROL for k in r.get("kernels", ())]
         spills = sum(k.get("spill_bytes", 0) for k in kernels)
         bare = sum(1 for k in kernels if chip in GPUS and not k.get("matrix_instructions"))
@@ -313,11 +369,22 @@ def summary(rows: list[dict]) -> list[str]:
             f"{len(kernels)} kernels, {spills} spill bytes, {bare} without matrix units"
             f"{seen}; {sum(r['seconds'] for r in mine):.0f} s"
         )
-        for r in mine:
+        for hbm_only in (False, True):
+            by = memory(everything, chip, "temp_bytes", hbm_only)
+            ratios = ", ".join(
+                f"{f} {by[f, LENGTHS[2]] / by[f, LENGTHS[1]]:.2f}"
+                for f in FORMS
+                if by.get((f, LENGTHS[1])) and (f, LENGTHS[2]) in by
+            )
+            if ratios:
+                which = "every buffer in HBM" if hbm_only else "HBM"
+                lines.append(f"    {which}, 128k / 64k keys: {ratios}")
+        for r in everything:
             if not r["ok"]:
+                control = " (every buffer in HBM)" if r.get("hbm_only") else ""
                 lines.append(
                     f"    FAIL {r.get('program')} {r.get('form')} {r.get('dtype')} "
-                    f"{r.get('seq')}x{r.get('head')}: {r['error'][:200]}"
+                    f"{r.get('seq')}x{r.get('head')}{control}: {r['error'][:200]}"
                 )
     return lines
 
