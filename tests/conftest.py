@@ -1,6 +1,5 @@
-"""Test configuration (fixtures: `_fixtures.py`): environment variables set before JAX
-starts, `jax.config` options and pytest hooks; one patch where no option exists. Each speed
-setting carries its measurement."""
+"""Test configuration (fixtures: `_fixtures.py`): environment set before JAX starts, `jax.config`
+options, pytest hooks; one patch where no option exists. Each speed setting is measured."""
 
 import atexit
 import gc
@@ -22,17 +21,18 @@ _env.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
 # Most of the suite's time is XLA compiling small programs: LLVM at -O0
 # (JAX_DISABLE_MOST_OPTIMIZATIONS) with XLA's classic loop emitters (the fusion emitters
-# round a solver sum in test_spin.py differently from the same sum compiled alone), and no
-# while-loop invariant code motion (37 of the largest programs: 32.8 s without, 37.4 s
-# with). Together they took the suite from 6.5 to 2.5 minutes on 2 cores. The last flag turns
-# XNNPACK's YNN fusions off: they can compile into wrong kernels (_cli/common.py). An XLA
-# that lacks a flag aborts on it (JAX 0.12 has no fusion-emitter flag), so each is tried in
-# a subprocess while JAX imports.
+# round a solver sum in test_spin.py differently from the same sum compiled alone), no YNN
+# fusions (they can compile into wrong kernels: _cli/common.py), no while-loop invariant
+# code motion (37 of the largest programs: 32.8 s without, 37.4 s with), and each LLVM module
+# in one piece, not split over threads the busy cores cannot run (the suite 404 and 390 s
+# against 436 and 443, interleaved, 2 Zen 4 cores; the first four: 6.5 to 2.5 minutes). XLA
+# aborts on a flag it lacks (0.12: fusion emitters): each is tried in a subprocess.
 _FAST = (
     "--xla_cpu_use_fusion_emitters=false",
     "--xla_backend_optimization_level=1",
     "--xla_cpu_experimental_ynn_fusion_type=",
     "--xla_disable_hlo_passes=while-loop-invariant-code-motion",
+    "--xla_cpu_parallel_codegen_split_count=1",
 )
 _flags, _probes = _env["XLA_FLAGS"].strip(), {}
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in _env and not any(
