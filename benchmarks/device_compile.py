@@ -70,15 +70,16 @@ MORE_HEADS = (16, 32, 96, 192, 512)
 NO_SPILLS = ("h100", "b200")
 #: The memory check's cases: every form of this program at 64k and 128k keys.
 MEMORY_CHECK = ("lse_causal", "bfloat16", 128)
-#: The libtpu setting, per TPU generation, that turns off XLA's memory-space assignment
+#: The libtpu option, per TPU generation, that turns off XLA's memory-space assignment
 #: (which moves the buffers that fit out of HBM: into VMEM on v5e, v5p and v6e, into v4's
 #: CMEM), so that every temporary is counted in HBM: the control of the memory check where
-#: HBM alone grows more than 2.2x (`hbm_controls`).
+#: HBM alone grows more than 2.2x (`hbm_controls`). Set to false per compile
+#: (`compiler_options`), or for a process in `LIBTPU_INIT_ARGS` (`--name=false`).
 HBM_ONLY = {
-    "v4": "--xla_tpu_cmem_memory_space_assignment=false",
-    "v5e": "--xla_vf_vmem_memory_space_assignment=false",
-    "v5p": "--xla_vf_vmem_memory_space_assignment=false",
-    "v6e": "--xla_gf_vmem_memory_space_assignment=false",
+    "v4": "xla_tpu_cmem_memory_space_assignment",
+    "v5e": "xla_vf_vmem_memory_space_assignment",
+    "v5p": "xla_vf_vmem_memory_space_assignment",
+    "v6e": "xla_gf_vmem_memory_space_assignment",
 }
 
 
@@ -230,9 +231,10 @@ def more(chip: str, per_chip: int = 16) -> list[tuple]:
     return list(dict.fromkeys(cases))
 
 
-def compile_case(chip: str, case: tuple) -> dict:
+def compile_case(chip: str, case: tuple, hbm_only: bool = False) -> dict:
     """One case compiled for `chip`: whether it compiled, its temporary device memory, and
-    its kernels (`energyattn.aot.Kernel`, the energy attention's only)."""
+    its kernels (`energyattn.aot.Kernel`, the energy attention's only); `hbm_only`: with
+    XLA's memory-space assignment off (`HBM_ONLY`), the row marked so."""
     import jax
     import jax.numpy as jnp
 
@@ -240,11 +242,16 @@ def compile_case(chip: str, case: tuple) -> dict:
 
     name, how, dtype, seq, head = case
     row = dict(chip=chip, program=name, form=how, dtype=dtype, seq=seq, head=head)
+    # `jax.jit`'s compiler options, which libtpu reads as its own flags.
+    options = {"compiler_options": {HBM_ONLY[chip]: False}} if hbm_only else {}
+    if hbm_only:
+        row["hbm_only"] = True
     start = time.perf_counter()
     try:
         x = jax.ShapeDtypeStruct((seq, width(name, head)), jnp.dtype(dtype))
         fn = form(how, program(name, seq, head))
-        compiled, kernels, spaces = ea.aot.kernels(chip, fn, x, names=("energy_attention", CONTROL))
+        names = ("energy_attention", CONTROL)
+        compiled, kernels, spaces = ea.aot.kernels(chip, fn, x, names=names, **options)
         row["ok"] = True
         row["optimised"] = not jax.config.values["jax_disable_most_optimizations"] and not any(
             f.startswith(SPEED_FLAGS) for f in os.environ.get("XLA_FLAGS", "").split()
@@ -263,8 +270,13 @@ def compile_case(chip: str, case: tuple) -> dict:
 
 
 def run_chip(chip: str, cases: list[tuple]) -> None:
+    """The cases, then the memory check's controls they call for (`hbm_controls`)."""
+    rows = []
     for case in cases:
-        print(json.dumps(compile_case(chip, case)), flush=True)
+        rows.append(compile_case(chip, case))
+        print(json.dumps(rows[-1]), flush=True)
+    for case in hbm_controls(chip, rows):
+        print(json.dumps(compile_case(chip, case, hbm_only=True)), flush=True)
 
 
 #: Settings that make XLA compile faster and worse, which the test suite sets for its CPU
@@ -283,9 +295,8 @@ def default_compilers(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def environment_for(chip: str, hbm_only: bool = False) -> dict[str, str]:
-    """The environment a chip's subprocess needs (set before JAX starts); `hbm_only`: with
-    XLA's memory-space assignment off (`HBM_ONLY`)."""
+def environment_for(chip: str) -> dict[str, str]:
+    """The environment a chip's subprocess needs (set before JAX starts)."""
     env = dict(os.environ)  # the subprocess drops the speed settings itself (`main`)
     env["JAX_PLATFORMS"] = "cpu"
     env["EQX_ON_ERROR"] = "nan"  # Equinox's runtime checks as NaN: no host callbacks
@@ -294,8 +305,6 @@ def environment_for(chip: str, hbm_only: bool = False) -> dict[str, str]:
     else:
         env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"  # TPU compilations in parallel processes
         env["TPU_SKIP_MDS_QUERY"] = "1"
-        if hbm_only:
-            env["LIBTPU_INIT_ARGS"] = f"{env.get('LIBTPU_INIT_ARGS', '')} {HBM_ONLY[chip]}"
     return env
 
 
@@ -331,24 +340,18 @@ def hbm_controls(chip: str, rows: list[dict]) -> list[tuple]:
     return [(prog, f, dtype_, n, head) for f in forms for n in LENGTHS[1:]]
 
 
-def _compile_in_subprocess(chip: str, cases: list[tuple], hbm_only: bool = False) -> list[dict]:
-    command = [sys.executable, __file__, "--chip", chip, "--cases", json.dumps(cases)]
-    env = environment_for(chip, hbm_only)
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 and not rows:
-        rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
-    return [dict(row, hbm_only=True) for row in rows] if hbm_only else rows
-
-
 def run_all(which: str, workers: int = 2) -> list[dict]:
-    """Every chip's matrix, one subprocess per chip, `workers` at a time; then, on a TPU,
-    the controls of the memory check (`hbm_controls`), rows marked `hbm_only`."""
+    """Every chip's matrix, one subprocess per chip, `workers` at a time (with, on a TPU,
+    the memory check's controls: `run_chip`)."""
 
     def one(chip):
-        rows = _compile_in_subprocess(chip, matrix(chip, which))
-        controls = hbm_controls(chip, rows)
-        return rows + (_compile_in_subprocess(chip, controls, True) if controls else [])
+        cases = json.dumps(matrix(chip, which))
+        command = [sys.executable, __file__, "--chip", chip, "--cases", cases]
+        done = subprocess.run(command, env=environment_for(chip), capture_output=True, text=True)
+        rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 and not rows:
+            rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
+        return rows
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return [row for rows in pool.map(one, CHIPS) for row in rows]
