@@ -102,6 +102,14 @@ def _add(x, y):
     return y if x is None else x + y
 
 
+def _scaled_rows(scale, i, arrays, q, beta):
+    """The per-query values `i` of a column term (`SCALED_QUERIES`: $\beta q$, formed here)
+    scaled row by row by `scale`, `(seq, 1)`, in the accumulation dtype."""
+    acc = beta.dtype
+    rows = beta * q.astype(acc) if i == SCALED_QUERIES else jnp.asarray(arrays[i]).astype(acc)
+    return scale.astype(acc) * rows
+
+
 # -------------------------------------------------------------------------- the primitive
 #
 # The primitive's operands are flat: `q, k, beta, lse, [mask,] *arrays`, with the terms, the
@@ -185,7 +193,6 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
     acc = beta.dtype
     a = _scaled_tangent(q, beta, t_q, t_beta)  # also the tangent of beta q
     arrays = {**dict(enumerate(arrays)), KEYS: k, SCALED_QUERIES: None, SCALED_KEYS: None}
-    arrays[ONES] = None
     t_arrays = {**dict(enumerate(t_arrays)), KEYS: t_k, SCALED_QUERIES: a, ONES: None}
     keyed = array_roles(terms)[1]  # (every index a term reads per key)
     if SCALED_KEYS in keyed:
@@ -224,8 +231,7 @@ def _terms_jvp(primals, tangents, *, terms, config, mask_kind):
         values = t_arrays[term.value]
         if not term.row and t_lse is not None:
             # Column terms sum over the rows: -lse'_i enters as a scaling of the values.
-            value = beta * q.astype(acc) if term.value == SCALED_QUERIES else arrays[term.value]
-            shifted = -t_lse[:, None] * value.astype(acc)
+            shifted = _scaled_rows(-t_lse[:, None], term.value, arrays, q, beta)
             values = shifted if values is None else values.astype(acc) + shifted
         if values is not None:
             t_terms.append(Term(term.row, factors, new.add(values, term.row)))
@@ -262,7 +268,6 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
         for i, x in enumerate(arrays)
     }
     index.update({i: i for i in SPECIAL})
-    acc = beta.dtype
 
     def defined(f):
         return tuple((index[a], index[b]) for a, b in f)
@@ -304,8 +309,7 @@ def _terms_transpose(cts_out, *args, terms, config, mask_kind):
                 continue
             values = index[a]
             if scale is not None:
-                rows = beta * q.astype(acc) if a == SCALED_QUERIES else jnp.asarray(arrays[a])
-                values = new.add(scale.astype(acc) * rows.astype(acc), False)
+                values = new.add(_scaled_rows(scale, a, arrays, q, beta), False)
             t_terms.append(Term(False, paired, values))
             scales.append(None)
             dest.append(b)
