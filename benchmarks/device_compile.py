@@ -322,9 +322,10 @@ def memory(rows: list[dict], chip: str, key: str, hbm_only: bool = False) -> dic
 
 
 def superlinear(by: dict) -> list[str]:
-    """The forms whose memory at 128k keys is more than 2.2x that at 64k."""
+    """The forms whose memory at 128k keys is more than 2.2x that at 64k (both measured)."""
     small, large = LENGTHS[1:]
-    return [f for f in FORMS if (f, large) in by and by[f, large] > 2.2 * by.get((f, small), 0) + 1]
+    both = [f for f in FORMS if (f, small) in by and (f, large) in by]
+    return [f for f in both if by[f, large] > 2.2 * by[f, small] + 1]
 
 
 def hbm_controls(chip: str, rows: list[dict]) -> list[tuple]:
