@@ -103,7 +103,7 @@ def _add(x, y):
 
 
 def _scaled_rows(scale, i, arrays, q, beta):
-    """The per-query values `i` of a column term (`SCALED_QUERIES`: $\beta q$, formed here)
+    r"""The per-query values `i` of a column term (`SCALED_QUERIES`: $\beta q$, formed here)
     scaled row by row by `scale`, `(seq, 1)`, in the accumulation dtype."""
     acc = beta.dtype
     rows = beta * q.astype(acc) if i == SCALED_QUERIES else jnp.asarray(arrays[i]).astype(acc)
