@@ -26,7 +26,8 @@ _env.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 # code motion (37 of the largest programs: 32.8 s without, 37.4 s with), and each LLVM module
 # in one piece, not split over threads the busy cores cannot run (the suite 404 and 390 s
 # against 436 and 443, interleaved, 2 Zen 4 cores; the first four: 6.5 to 2.5 minutes). XLA
-# aborts on a flag it lacks (0.12: fusion emitters): each is tried in a subprocess.
+# aborts on a flag it lacks (0.12: fusion emitters): all are tried in a subprocess, then, if
+# that fails, each in its own (five at once held up the suite's start by 3 s).
 _FAST = (
     "--xla_cpu_use_fusion_emitters=false",
     "--xla_backend_optimization_level=1",
@@ -34,24 +35,28 @@ _FAST = (
     "--xla_disable_hlo_passes=while-loop-invariant-code-motion",
     "--xla_cpu_parallel_codegen_split_count=1",
 )
-_flags, _probes = _env["XLA_FLAGS"].strip(), {}
+_flags, _probes, _ALL = _env["XLA_FLAGS"].strip(), {}, " ".join(_FAST)
+
+
+def _probe(flags: str) -> subprocess.Popen:
+    command = [sys.executable, "-c", "import jax; jax.devices('cpu')"]
+    env = dict(_env, XLA_FLAGS=f"{_flags} {flags}")
+    return subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+
+
 if "JAX_DISABLE_MOST_OPTIMIZATIONS" not in _env and not any(
     f.split("=")[0] in _flags for f in _FAST
 ):
     _env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
-    for _flag in _FAST:
-        _probes[_flag] = subprocess.Popen(
-            [sys.executable, "-c", "import jax; jax.devices('cpu')"],
-            env=dict(_env, XLA_FLAGS=f"{_flags} {_flag}"),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    _probes = {_ALL: _probe(_ALL)}
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from _fixtures import getkey, jax_defaults, optimised_xla, train_in_scan, user_mode  # noqa: E402, F401
 
 # XLA reads its flags when the first backend starts, which nothing has done yet.
+if _probes and _probes[_ALL].wait() != 0:
+    _probes = {flag: _probe(flag) for flag in _FAST}
 _env["XLA_FLAGS"] = " ".join([_flags, *(f for f, p in _probes.items() if p.wait() == 0)])
 jax.config.update("jax_enable_x64", True)  # identities are checked to 1e-10
 
@@ -78,12 +83,10 @@ gc.freeze()
 gc.set_threshold(10_000, 10, 10)
 
 # Each program XLA compiled keeps ~9 memory mappings while JAX caches it; past
-# vm.max_map_count the compiler segfaults (docs/known-issues.md). Every 100 compilations, a
-# process over half the limit clears JAX's caches between tests.
-_MAPS, _LIMIT = (
-    pathlib.Path("/proc/self/maps"),
-    pathlib.Path("/proc/sys/vm/max_map_count"),
-)
+# vm.max_map_count the compiler segfaults (docs/known-issues.md; at about 59,000 of 65,530).
+# Every 100 compilations, a process over three quarters of the limit clears JAX's caches
+# between tests (at half, each worker cleared once near its end, for 7 s).
+_MAPS, _LIMIT = pathlib.Path("/proc/self/maps"), pathlib.Path("/proc/sys/vm/max_map_count")
 _MAP_LIMIT = int(_LIMIT.read_text()) if _LIMIT.exists() else 65_530
 _compiles = [0]
 
@@ -100,7 +103,7 @@ if _MAPS.exists():
 def pytest_runtest_teardown(item, nextitem):
     if _compiles[0] >= 100:
         _compiles[0] = 0
-        if _MAPS.read_bytes().count(b"\n") > _MAP_LIMIT // 2:
+        if _MAPS.read_bytes().count(b"\n") > _MAP_LIMIT * 3 // 4:
             jax.clear_caches()
 
 
@@ -110,11 +113,6 @@ def pytest_unconfigure(config):
     client and its thousands of programs took 10-14 s at the end of the suite while the
     controller waited. Registered last, this handler runs first; not under coverage."""
     if _env.get("PYTEST_XDIST_WORKER") and "coverage" not in sys.modules:
-        atexit.register(
-            lambda: (
-                logging.shutdown(),
-                sys.stdout.flush(),
-                sys.stderr.flush(),
-                os._exit(0),
-            )
-        )
+        atexit.register(os._exit, 0)  # (atexit runs its handlers last first)
+        for flush in (sys.stderr.flush, sys.stdout.flush, logging.shutdown):
+            atexit.register(flush)

@@ -51,11 +51,11 @@ def no_grad(tree: Any) -> Any:
     The result stays an array: the primal of a tracer made from a Python float (as in
     `jax.grad(f)(5.0)`) is that Python float, which would otherwise change the pytree's
     arrays-versus-constants split."""
+    return jax.tree.map(_no_grad_leaf, tree)
 
-    def cut(x):
-        return jnp.asarray(jax.lax.stop_gradient(x)) if eqx.is_inexact_array(x) else x
 
-    return jax.tree.map(cut, tree)
+def _no_grad_leaf(x: Any) -> Any:
+    return jnp.asarray(jax.lax.stop_gradient(x)) if eqx.is_inexact_array(x) else x
 
 
 def ok_result() -> RESULTS:
