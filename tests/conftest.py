@@ -61,9 +61,9 @@ _env["XLA_FLAGS"] = " ".join([_flags, *(f for f, p in _probes.items() if p.wait(
 jax.config.update("jax_enable_x64", True)  # identities are checked to 1e-10
 
 # The patch: every `eqx.error_if` traced asks JAX, per stack frame, whether the file is
-# excluded from tracebacks (system calls, ~70 ms per error_if). The answer depends only on
-# the name and the exclusions, so it is remembered. test_solver_contract.py and
-# test_spin.py took 147 and 150 s with it, 158 and 166 s without.
+# excluded from tracebacks (system calls). The answer depends only on the name and the
+# exclusions, so it is remembered. Unpatched, the question took 0.9 s of 40 s in
+# test_solver_contract.py and 2.4 of 71 s in test_spin.py and test_messages.py (one core).
 from jax._src import traceback_util as _tb  # noqa: E402
 
 if hasattr(_tb, "include_filename"):
