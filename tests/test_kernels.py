@@ -131,6 +131,14 @@ def test_block_sizes():
     wide = dict(dtype="float32", head_dim=256)
     assert ea.BlockSizes.default("gpu", 100, generation="sm_90", **wide).block_k == 16
     assert ea.BlockSizes.default("gpu", 100, generation="sm_100", **wide).num_warps == 4
+    # So do the A100's half-precision heads above 128, in every pass (they spilled
+    # registers at 32 and 64 keys: benchmarks/README.md); the H100's keep the full tile.
+    for head, keys in ((128, (32, 64)), (192, (16, 32)), (256, (16, 32))):
+        half = dict(dtype="bfloat16", head_dim=head)
+        a100 = ea.BlockSizes.default("gpu", 100, generation="sm_80", **half)
+        assert (a100.block_q, a100.block_k, a100.block_k_terms) == (64, *keys)
+    h100 = ea.BlockSizes.default("gpu", 100, generation="sm_90", dtype="float16", head_dim=256)
+    assert (h100.block_k, h100.block_k_terms) == (32, 64)
     assert ea.BlockSizes.default("cpu", 5000) == ea.BlockSizes(5000, 128, 64)
     assert ea.BlockSizes(block_k=32).on("tpu", 10) == ea.BlockSizes(
         128, 32, 512, None, None, "split"

@@ -115,13 +115,14 @@ class BlockSizes:
     | --- | --- | --- | --- |
     | `block_q`: queries per block | every query | 64 ¹ | 128 |
     | `block_k`: keys per step of the forward and row passes | 256 ² | 32 ³ | 512 ³ |
-    | `block_k_terms`: keys per column-pass program (CPU: per block) | `block_k / 2` | 64 | 512 ³ |
+    | `block_k_terms`: keys per column program (CPU: per block) | `block_k / 2` | 64 ⁵ | 512 ³ |
     | `num_warps` (Triton) | - | 8 ⁴ | - |
     | `num_stages` (Triton) | - | 1 | - |
     | `float32_products` | exact | `"split"` | `"split"` |
 
     ¹ 32 for float32 on sm_80. ² 128 above 4096 queries. ³ Halved for float32 heads above
-    128. ⁴ 4 on sm_100 for float32 heads above 128.
+    128, and on GPUs for sm_80's half-precision heads above 128. ⁴ 4 on sm_100 for float32
+    heads above 128. ⁵ 32 for sm_80's half-precision heads above 128.
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
     the lanes of its vector registers), and a sequence shorter than a block is one block:
@@ -191,7 +192,12 @@ class BlockSizes:
             # An A100's float32 operands (two TF32 parts) take half the queries per block
             # into its 163 KiB of shared memory.
             queries = 32 if single and generation == "sm_80" else 64
-            return cls(queries, 16 if wide else 32, 64, warps, 1, "split")
+            # Its half-precision heads above 128 take half the keys per step and per column
+            # program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
+            # spilled 40-164 B (forwards capped at 128 registers, column passes at 255).
+            narrow = generation == "sm_80" and not single and head_dim > 128
+            keys = 16 if wide or narrow else 32
+            return cls(queries, keys, 32 if narrow else 64, warps, 1, "split")
         if platform == "tpu":
             return cls(128, 256 if wide else 512, 256 if wide else 512, None, None, "split")
         raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
