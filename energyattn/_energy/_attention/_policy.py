@@ -122,7 +122,8 @@ class BlockSizes:
 
     ¹ 32 for float32 on sm_80. ² 128 above 4096 queries. ³ Halved for float32 heads above
     128, and on GPUs for sm_80's half-precision heads above 128. ⁴ 4 on sm_100 for float32
-    heads above 128. ⁵ 32 for sm_80's half-precision heads above 128.
+    heads above 128. ⁵ 32 for sm_80's half-precision heads above 128, and on sm_80 with a
+    dense mask.
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
     the lanes of its vector registers), and a sequence shorter than a block is one block:
@@ -372,6 +373,10 @@ def kernel_tiles(
         # The row passes step through the keys as the forward does; the column pass's
         # programs hold `block_k_terms` keys each.
         block_k = sizes.block_k_terms if kind == "columns" else sizes.block_k
+        if kind == "columns" and mask == "dense" and generation == "sm_80":
+            # The A100's column programs read a (queries, keys) strip of the mask too: at 64
+            # keys the HVPs at head sizes 64 and 128 spilled 44-7816 B (`ptxas -v`).
+            block_k = min(cast(int, block_k), 32) if blocks.block_k_terms is None else block_k
         block_q = cast(int, sizes.block_q)
         if platform == "gpu" and kind == "columns":
             # The column pass's programs hold keys and step through the queries: half a
