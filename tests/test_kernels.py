@@ -139,6 +139,9 @@ def test_block_sizes():
         assert (a100.block_q, a100.block_k, a100.block_k_terms) == (64, *keys)
     h100 = ea.BlockSizes.default("gpu", 100, generation="sm_90", dtype="float16", head_dim=256)
     assert (h100.block_k, h100.block_k_terms) == (32, 64)
+    # The A100's column programs with a dense mask hold fewer keys (they spilled at 64).
+    assert ea.BlockSizes.default("gpu", 100, generation="sm_80", mask="dense").block_k_terms == 32
+    assert ea.BlockSizes.default("gpu", 100, generation="sm_90", mask="dense").block_k_terms == 64
     assert ea.BlockSizes.default("cpu", 5000) == ea.BlockSizes(5000, 128, 64)
     assert ea.BlockSizes(block_k=32).on("tpu", 10) == ea.BlockSizes(
         128, 32, 512, None, None, "split"

@@ -178,11 +178,13 @@ class BlockSizes:
         generation: str | None = None,
         dtype: DTypeLike = jnp.float32,
         head_dim: int = 128,
+        mask: str | None = None,
     ) -> "BlockSizes":
         """The defaults of `platform` (`"cpu"`, `"gpu"` or `"tpu"`) for `seq` queries of
         `dtype` and head size `head_dim`, on chip `generation` (`"sm_80"`, `"sm_90"`,
-        `"sm_100"`, ...; `"v4"`, `"v5e"`, `"v5p"`, `"v6e"`; `None`: any), every field set
-        (`block_q=seq` on a CPU: the XLA loop takes every query at once)."""
+        `"sm_100"`, ...; `"v4"`, `"v5e"`, `"v5p"`, `"v6e"`; `None`: any), with a `mask`
+        of that kind (`"dense"`, `"segments"` or `None`), every field set (`block_q=seq` on a
+        CPU: the XLA loop takes every query at once)."""
         if platform == "cpu":
             keys = 256 if seq <= 4096 else 128
             return cls(seq, keys, keys // 2, None, None, None)
@@ -196,9 +198,12 @@ class BlockSizes:
             # Its half-precision heads above 128 take half the keys per step and per column
             # program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
             # spilled 40-164 B (forwards capped at 128 registers, column passes at 255).
+            # Its column programs with a dense mask, which also hold a strip of the mask,
+            # take 32 keys: at 64 the HVPs at head sizes 64 and 128 spilled 44-7816 B.
             narrow = generation == "sm_80" and not single and head_dim > 128
             keys = 16 if wide or narrow else 32
-            return cls(queries, keys, 32 if narrow else 64, warps, 1, "split")
+            columns = 32 if generation == "sm_80" and (narrow or mask == "dense") else 64
+            return cls(queries, keys, columns, warps, 1, "split")
         if platform == "tpu":
             return cls(128, 256 if wide else 512, 256 if wide else 512, None, None, "split")
         raise ValueError(f"platform must be 'cpu', 'gpu' or 'tpu', got {platform!r}")
@@ -362,9 +367,8 @@ def kernel_tiles(
     if generation is None:
         generation = target_generation(platform)
     wide = itemsize >= 4 and dim > 128
-    target: dict[str, Any] = dict(
-        generation=generation, dtype="float32" if itemsize >= 4 else "bfloat16", head_dim=dim
-    )
+    dtype = "float32" if itemsize >= 4 else "bfloat16"
+    target: dict[str, Any] = dict(generation=generation, dtype=dtype, head_dim=dim, mask=mask)
     sizes = blocks.on(platform, seq, **target)
     least_rows = 16 if platform == "gpu" else (32 if mask == "dense" else 16)
     least_keys = 16 if platform == "gpu" else 128
@@ -373,10 +377,6 @@ def kernel_tiles(
         # The row passes step through the keys as the forward does; the column pass's
         # programs hold `block_k_terms` keys each.
         block_k = sizes.block_k_terms if kind == "columns" else sizes.block_k
-        if kind == "columns" and mask == "dense" and generation == "sm_80":
-            # The A100's column programs read a (queries, keys) strip of the mask too: at 64
-            # keys the HVPs at head sizes 64 and 128 spilled 44-7816 B (`ptxas -v`).
-            block_k = min(cast(int, block_k), 32) if blocks.block_k_terms is None else block_k
         block_q = cast(int, sizes.block_q)
         if platform == "gpu" and kind == "columns":
             # The column pass's programs hold keys and step through the queries: half a
