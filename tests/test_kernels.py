@@ -131,12 +131,19 @@ def test_block_sizes():
     wide = dict(dtype="float32", head_dim=256)
     assert ea.BlockSizes.default("gpu", 100, generation="sm_90", **wide).block_k == 16
     assert ea.BlockSizes.default("gpu", 100, generation="sm_100", **wide).num_warps == 4
-    # So do the A100's half-precision heads above 128, in every pass (they spilled
-    # registers at 32 and 64 keys: benchmarks/README.md); the H100's keep the full tile.
-    for head, keys in ((128, (32, 64)), (192, (16, 32)), (256, (16, 32))):
+    # So do the A100's half-precision heads above 128, in every pass, and its column
+    # programs up to head size 64, and every pass up to 32 (they spilled registers with
+    # the full tiles: benchmarks/README.md); the H100's keep the full tile.
+    a100_tiles = {16: (32, 16, 16), 32: (32, 16, 16), 48: (64, 32, 32), 64: (64, 32, 32)}
+    a100_tiles |= {128: (64, 32, 64), 192: (64, 16, 32), 256: (64, 16, 32)}
+    for head, tiles in a100_tiles.items():
         half = dict(dtype="bfloat16", head_dim=head)
         a100 = ea.BlockSizes.default("gpu", 100, generation="sm_80", **half)
-        assert (a100.block_q, a100.block_k, a100.block_k_terms) == (64, *keys)
+        assert (a100.block_q, a100.block_k, a100.block_k_terms) == tiles, head
+    single = ea.BlockSizes.default("gpu", 100, generation="sm_80", head_dim=64)
+    assert (single.block_q, single.block_k, single.block_k_terms) == (32, 32, 32)
+    single = ea.BlockSizes.default("gpu", 100, generation="sm_80", head_dim=128)
+    assert (single.block_q, single.block_k, single.block_k_terms) == (32, 32, 64)
     h100 = ea.BlockSizes.default("gpu", 100, generation="sm_90", dtype="float16", head_dim=256)
     assert (h100.block_k, h100.block_k_terms) == (32, 64)
     # The A100's column programs with a dense mask hold fewer keys (they spilled at 64).
@@ -159,7 +166,7 @@ def test_block_sizes():
 def test_the_a100_column_pass_takes_fewer_keys_with_a_dense_mask():
     # Its column programs also hold a strip of the mask: at 64 keys they spilled registers
     # (benchmarks/README.md); a size the user gives is kept.
-    args = dict(kind="columns", seq=1000, mem=1000, dim=64, itemsize=2, generation="sm_80")
+    args = dict(kind="columns", seq=1000, mem=1000, dim=128, itemsize=2, generation="sm_80")
     for mask, blocks, keys in (
         ("dense", ea.BlockSizes(), 32),
         (None, ea.BlockSizes(), 64),
@@ -183,7 +190,7 @@ def test_the_a100_column_pass_takes_fewer_keys_with_a_dense_mask():
     ],
 )
 def test_a_short_sequence_is_one_tile(platform, generation, forward, columns):
-    args = dict(seq=17, mem=17, dim=32, itemsize=2, mask="dense", generation=generation)
+    args = dict(seq=17, mem=17, dim=64, itemsize=2, mask="dense", generation=generation)
     tiles = {
         kind: kernel_tiles(ea.BlockSizes(), platform, kind=kind, **args)[0]
         for kind in ("forward", "columns")

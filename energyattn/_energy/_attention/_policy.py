@@ -120,10 +120,11 @@ class BlockSizes:
     | `num_stages` (Triton) | - | 1 | - |
     | `float32_products` | exact | `"split"` | `"split"` |
 
-    ¹ 32 for float32 on sm_80. ² 128 above 4096 queries. ³ Halved for float32 heads above
-    128, and on GPUs for sm_80's half-precision heads above 128. ⁴ 4 on sm_100 for float32
-    heads above 128. ⁵ 32 for sm_80's half-precision heads above 128, and on sm_80 with a
-    dense mask.
+    ¹ 32 on sm_80 for float32 and for head sizes up to 32. ² 128 above 4096 queries.
+    ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
+    above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128.
+    ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
+    128 and with a dense mask.
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
     the lanes of its vector registers), and a sequence shorter than a block is one block:
@@ -192,17 +193,29 @@ class BlockSizes:
         wide = single and head_dim > 128
         if platform == "gpu":
             warps = 4 if wide and generation == "sm_100" else 8
+            a100 = generation == "sm_80"
             # An A100's float32 operands (two TF32 parts) take half the queries per block
-            # into its 163 KiB of shared memory.
-            queries = 32 if single and generation == "sm_80" else 64
+            # into its 163 KiB of shared memory. Its head sizes up to 32 take half the
+            # queries and keys per step and 16 keys per column program: 5 of 50 such
+            # programs (HVPs, JVPs, linearizations) spilled 8-40 B otherwise.
+            small = a100 and head_dim <= 32
+            queries = 32 if a100 and (single or small) else 64
             # Its half-precision heads above 128 take half the keys per step and per column
             # program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
             # spilled 40-164 B (forwards capped at 128 registers, column passes at 255).
-            # Its column programs with a dense mask, which also hold a strip of the mask,
-            # take 32 keys: at 64 the HVPs at head sizes 64 and 128 spilled 44-7816 B.
-            narrow = generation == "sm_80" and not single and head_dim > 128
-            keys = 16 if wide or narrow else 32
-            columns = 32 if generation == "sm_80" and (narrow or mask == "dense") else 64
+            # Its column programs of heads up to 64, or with a dense mask (which they also
+            # hold a strip of), take 32 keys: at 64, 7 half-precision HVPs of head sizes 48
+            # and 64 came out at 32 registers and spilled 7.6-8.4 KB, 3 float32 ones 16-24
+            # B (of 36 programs); with a dense mask HVPs up to head size 128 spilled
+            # 44-7816 B.
+            narrow = a100 and not single and head_dim > 128
+            keys = 16 if wide or narrow or small else 32
+            if small:
+                columns = 16
+            elif a100 and (narrow or mask == "dense" or head_dim <= 64):
+                columns = 32
+            else:
+                columns = 64
             return cls(queries, keys, columns, warps, 1, "split")
         if platform == "tpu":
             return cls(128, 256 if wide else 512, 256 if wide else 512, None, None, "split")
