@@ -130,7 +130,9 @@ def test_block_sizes():
     # Float32 heads above 128 step through fewer keys; on sm_100 with fewer warps.
     wide = dict(dtype="float32", head_dim=256)
     assert ea.BlockSizes.default("gpu", 100, generation="sm_90", **wide).block_k == 16
-    assert ea.BlockSizes.default("gpu", 100, generation="sm_100", **wide).num_warps == 4
+    b200 = ea.BlockSizes.default("gpu", 100, generation="sm_100", **wide)
+    assert (b200.num_warps, b200.block_q) == (4, 32)  # at 64 queries vmapped heads spilled
+    assert ea.BlockSizes.default("gpu", 100, generation="sm_100", head_dim=128).block_q == 64
     # So do the A100's half-precision heads above 128, in every pass, and its column
     # programs up to head size 64, and every pass up to 32 (they spilled registers with
     # the full tiles: benchmarks/README.md); the H100's keep the full tile.

@@ -120,7 +120,8 @@ class BlockSizes:
     | `num_stages` (Triton) | - | 1 | - |
     | `float32_products` | exact | `"split"` | `"split"` |
 
-    ¹ 32 on sm_80 for float32 and for head sizes up to 32. ² 128 above 4096 queries.
+    ¹ 32 on sm_80 for float32 and for head sizes up to 32, and on sm_100 for float32 heads
+    above 128. ² 128 above 4096 queries.
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
     above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128.
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
@@ -199,9 +200,13 @@ class BlockSizes:
             # queries and keys per step and 16 keys per column program: 5 of 50 such
             # programs (HVPs, JVPs, linearizations) spilled 8-40 B otherwise.
             small = a100 and head_dim <= 32
-            queries = 32 if a100 and (single or small) else 64
-            # Its half-precision heads above 128 take half the keys per step and per column
-            # program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
+            # The B200's float32 heads above 128, on 4 warps, take 32 queries: at 64 the row
+            # terms of vmapped heads' JVPs and HVPs (7 of 93 float32 programs at head sizes
+            # 192 to 512) came out at 96 registers and spilled 16 B.
+            b200_wide = wide and generation == "sm_100"
+            queries = 32 if (a100 and (single or small)) or b200_wide else 64
+            # The A100's half-precision heads above 128 take half the keys per step and per
+            # column program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
             # spilled 40-164 B (forwards capped at 128 registers, column passes at 255).
             # Its column programs of heads up to 64, or with a dense mask (which they also
             # hold a strip of), take 32 keys: at 64, 7 half-precision HVPs of head sizes 48
