@@ -193,27 +193,23 @@ class BlockSizes:
         single = jnp.dtype(dtype).itemsize >= 4
         wide = single and head_dim > 128
         if platform == "gpu":
-            warps = 4 if wide and generation == "sm_100" else 8
-            a100 = generation == "sm_80"
-            # An A100's float32 operands (two TF32 parts) take half the queries per block
-            # into its 163 KiB of shared memory. Its head sizes up to 32 take half the
-            # queries and keys per step and 16 keys per column program: 5 of 50 such
-            # programs (HVPs, JVPs, linearizations) spilled 8-40 B otherwise.
+            a100, b200 = generation == "sm_80", generation == "sm_100"
+            # Each exception to the full tile removed register spills (`ptxas -v`,
+            # benchmarks/README.md). On the A100: float32 operands (two TF32 parts) take half
+            # the queries into its 163 KiB of shared memory; head sizes up to 32 take half
+            # the queries and keys per step and 16 keys per column program (5 of 50 such
+            # programs spilled 8-40 B); half-precision heads above 128 take half the keys
+            # per step and per column program (5 of 7 HVPs and gradients at head sizes 192
+            # and 256 spilled 40-164 B); column programs of heads up to 64, or with a dense
+            # mask (a strip of which they also hold), take 32 keys (7 half-precision HVPs at
+            # head sizes 48 and 64 came out at 32 registers with 7.6-8.4 KB of spills, 3
+            # float32 ones spilled 16-24 B; with a dense mask HVPs up to head size 128
+            # spilled 44-7816 B). On the B200 float32 heads above 128 take 4 warps and 32
+            # queries (at 64 the row terms of vmapped heads' JVPs and HVPs, 7 of 93 float32
+            # programs at head sizes 192 to 512, came out at 96 registers with 16 B).
             small = a100 and head_dim <= 32
-            # The B200's float32 heads above 128, on 4 warps, take 32 queries: at 64 the row
-            # terms of vmapped heads' JVPs and HVPs (7 of 93 float32 programs at head sizes
-            # 192 to 512) came out at 96 registers and spilled 16 B.
-            b200_wide = wide and generation == "sm_100"
-            queries = 32 if (a100 and (single or small)) or b200_wide else 64
-            # The A100's half-precision heads above 128 take half the keys per step and per
-            # column program: at 32 and 64, 5 of 7 HVPs and gradients at head sizes 192 and 256
-            # spilled 40-164 B (forwards capped at 128 registers, column passes at 255).
-            # Its column programs of heads up to 64, or with a dense mask (which they also
-            # hold a strip of), take 32 keys: at 64, 7 half-precision HVPs of head sizes 48
-            # and 64 came out at 32 registers and spilled 7.6-8.4 KB, 3 float32 ones 16-24
-            # B (of 36 programs); with a dense mask HVPs up to head size 128 spilled
-            # 44-7816 B.
             narrow = a100 and not single and head_dim > 128
+            queries = 32 if (a100 and (single or small)) or (b200 and wide) else 64
             keys = 16 if wide or narrow or small else 32
             if small:
                 columns = 16
@@ -221,6 +217,7 @@ class BlockSizes:
                 columns = 32
             else:
                 columns = 64
+            warps = 4 if b200 and wide else 8
             return cls(queries, keys, columns, warps, 1, "split")
         if platform == "tpu":
             return cls(128, 256 if wide else 512, 256 if wide else 512, None, None, "split")
