@@ -179,6 +179,24 @@ def test_the_a100_column_pass_takes_fewer_keys_with_a_dense_mask():
     assert kernel_tiles(ea.BlockSizes(), "gpu", mask="dense", **h100)[0].bk == 64
 
 
+def test_only_chips_short_of_shared_memory_narrow_float32_tiles():
+    # A float32 term of two pairs that cannot be expanded narrows its tiles to fit the
+    # A100's shared memory (and any chip's, where the program names none); on the H100 the
+    # narrowed tiles spilled 4-16 B in the layers' HVPs and the full tiles spill nothing;
+    # the B200 accumulates two pairs in tensor memory.
+    args = dict(kind="rows", seq=1000, mem=1000, dim=64, itemsize=4, mask=None)
+    for generation, budget in (
+        ("sm_80", Budget(64, 1, narrow=True)),
+        (None, Budget(64, 1, narrow=True)),
+        ("sm_90", Budget(64, 1, narrow=False)),
+        ("sm_100", Budget(128, 2)),
+    ):
+        got = kernel_tiles(ea.BlockSizes(), "gpu", generation=generation, **args)[1]
+        assert got == budget, generation
+    half = kernel_tiles(ea.BlockSizes(), "gpu", generation="sm_80", **dict(args, itemsize=2))
+    assert half[1] == Budget(128, 2)
+
+
 @pytest.mark.parametrize(
     "platform, generation, forward, columns",
     [

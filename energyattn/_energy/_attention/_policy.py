@@ -452,11 +452,14 @@ def _contraction(itemsize: int) -> int:
 def gpu_budget(generation: str | None, itemsize: int) -> Budget:
     """What one GPU kernel may accumulate: 128 columns of sums and 2 bilinear pairs, but
     for float32 (operands in two TF32 parts, products in three) off sm_100, whose sums sit
-    in tensor memory rather than registers: 64 columns and 1 pair. Measured with `ptxas -v`
-    (`benchmarks/device_compile.py`, the accelerators guide's matrix)."""
+    in tensor memory rather than registers: 64 columns and 1 pair. A term of two pairs that
+    cannot be expanded narrows its tiles (`narrow_tiles`) to fit the A100's shared memory,
+    and any chip's the program does not name; not on the H100, where the narrowed tiles
+    spilled 4-16 B in the layers' HVPs (the full ones spill nothing). Measured with
+    `ptxas -v` (`benchmarks/device_compile.py`, the accelerators guide's matrix)."""
     if itemsize < 4 or generation == "sm_100":
         return Budget(columns=128, pairs=2)
-    return Budget(columns=64, pairs=1, narrow=True)
+    return Budget(columns=64, pairs=1, narrow=generation != "sm_90")
 
 
 def narrow_tiles(tiles: KernelTiles) -> KernelTiles:
