@@ -165,12 +165,13 @@ def test_block_sizes():
         ea.attention_logsumexp(jnp.ones((3, 2)), jnp.ones((3, 2)), block_size=-2)
 
 
-def test_the_a100_column_pass_takes_fewer_keys_with_a_dense_mask():
-    # Its column programs also hold a strip of the mask: at 64 keys they spilled registers
-    # (benchmarks/README.md); a size the user gives is kept.
+def test_the_a100_column_pass_takes_fewer_keys_with_a_mask():
+    # Its column programs also hold a strip of the mask, or of the segment ids: at 64 keys
+    # they spilled registers (benchmarks/README.md); a size the user gives is kept.
     args = dict(kind="columns", seq=1000, mem=1000, dim=128, itemsize=2, generation="sm_80")
     for mask, blocks, keys in (
         ("dense", ea.BlockSizes(), 32),
+        ("segments", ea.BlockSizes(), 32),
         (None, ea.BlockSizes(), 64),
         ("dense", ea.BlockSizes(block_k_terms=64), 64),
     ):

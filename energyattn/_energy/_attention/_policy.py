@@ -125,7 +125,7 @@ class BlockSizes:
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
     above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128.
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
-    128 and with a dense mask.
+    128 and with a mask (dense or segment ids).
 
     The kernels round each size up to a power of two, at least 16 (and 128 keys on a TPU:
     the lanes of its vector registers), and a sequence shorter than a block is one block:
@@ -196,15 +196,15 @@ class BlockSizes:
             a100, b200 = generation == "sm_80", generation == "sm_100"
             # Each exception to the full tile removed register spills (`ptxas -v`,
             # benchmarks/README.md). On the A100: float32 operands (two TF32 parts) take half
-            # the queries into its 163 KiB of shared memory; head sizes up to 32 take half
-            # the queries and keys per step and 16 keys per column program (5 of 50 such
-            # programs spilled 8-40 B); half-precision heads above 128 take half the keys
-            # per step and per column program (5 of 7 HVPs and gradients at head sizes 192
-            # and 256 spilled 40-164 B); column programs of heads up to 64, or with a dense
-            # mask (a strip of which they also hold), take 32 keys (7 half-precision HVPs at
-            # head sizes 48 and 64 came out at 32 registers with 7.6-8.4 KB of spills, 3
-            # float32 ones spilled 16-24 B; with a dense mask HVPs up to head size 128
-            # spilled 44-7816 B). On the B200 float32 heads above 128 take 4 warps and 32
+            # the queries into its 163 KiB of shared memory; head sizes up to 32 take half the
+            # queries and keys per step and 16 keys per column program (5 of 50 such programs
+            # spilled 8-40 B); half-precision heads above 128 take half the keys per step and
+            # per column program (5 of 7 HVPs and gradients at head sizes 192 and 256 spilled
+            # 40-164 B); column programs of heads up to 64, or with a mask (a strip of which, or
+            # of whose segment ids, they also hold), take 32 keys (7 half-precision HVPs at head
+            # sizes 48 and 64 came out at 32 registers with 7.6-8.4 KB of spills, 3 float32 ones
+            # spilled 16-24 B; with a dense mask HVPs up to head size 128 spilled 44-7816 B,
+            # with segment ids 28-84 B). On the B200 float32 heads above 128 take 4 warps and 32
             # queries (at 64 the row terms of vmapped heads' JVPs and HVPs, 7 of 93 float32
             # programs at head sizes 192 to 512, came out at 96 registers with 16 B).
             small = a100 and head_dim <= 32
@@ -213,7 +213,7 @@ class BlockSizes:
             keys = 16 if wide or narrow or small else 32
             if small:
                 columns = 16
-            elif a100 and (narrow or mask == "dense" or head_dim <= 64):
+            elif a100 and (narrow or mask is not None or head_dim <= 64):
                 columns = 32
             else:
                 columns = 64
