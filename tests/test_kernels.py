@@ -198,22 +198,6 @@ def test_only_chips_short_of_shared_memory_narrow_float32_tiles():
     assert half[1] == Budget(128, 2)
 
 
-def test_the_b200_column_pass_of_a_short_float32_sequence_takes_four_warps():
-    # On 8 warps a column pass of HopfieldAttention's HVP at 17 tokens spilled 8 B; its
-    # forward and row passes keep 8 (on 4, a forward over 30 queries spilled 24 B), as do
-    # longer sequences, half precision and other chips; warps the user gives are kept.
-    args = dict(seq=17, mem=17, dim=64, itemsize=4, mask=None, generation="sm_100")
-
-    def warps(blocks=None, **change):
-        blocks = ea.BlockSizes() if blocks is None else blocks
-        return kernel_tiles(blocks, "gpu", **{"kind": "columns", **args, **change})[0].num_warps
-
-    assert warps() == 4
-    assert warps(kind="rows") == warps(kind="forward") == warps(seq=33) == 8
-    assert warps(itemsize=2) == warps(generation="sm_90") == 8
-    assert warps(ea.BlockSizes(num_warps=8)) == 8
-
-
 @pytest.mark.parametrize(
     "platform, generation, forward, columns",
     [

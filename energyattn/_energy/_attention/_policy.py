@@ -123,8 +123,7 @@ class BlockSizes:
     ¹ 32 on sm_80 for float32 and for head sizes up to 32, and on sm_100 for float32 heads
     above 128. ² 128 above 4096 queries.
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
-    above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128 (and
-    in the column pass of at most 32 float32 queries).
+    above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128.
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
     128 and with a mask (dense or segment ids).
 
@@ -415,10 +414,6 @@ def kernel_tiles(
     seq_p = -(-seq // bq) * bq
     mem_p = -(-mem // bk) * bk
     warps = sizes.num_warps
-    if (generation, kind, blocks.num_warps) == ("sm_100", "columns", None) and itemsize >= 4:
-        # A float32 column pass over at most 32 queries takes 4 warps on the B200: on 8, one
-        # of `HopfieldAttention`'s HVP at 17 tokens came out at 64 registers with 8 B.
-        warps = 4 if seq <= 32 else warps
     tiles = KernelTiles(
         bq,
         bk,
