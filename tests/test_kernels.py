@@ -183,7 +183,7 @@ def test_the_a100_column_pass_takes_fewer_keys_with_a_mask():
 def test_only_chips_short_of_shared_memory_narrow_float32_tiles():
     # A float32 term of two pairs that cannot be expanded narrows its tiles to fit the
     # A100's shared memory (and any chip's, where the program names none); on the H100 the
-    # narrowed tiles spilled 4-16 B in the layers' HVPs and the full tiles spill nothing;
+    # narrowed tiles spilled 4-20 B in the layers' HVPs and the full tiles spill nothing;
     # the B200 accumulates two pairs in tensor memory.
     args = dict(kind="rows", seq=1000, mem=1000, dim=64, itemsize=4, mask=None)
     for generation, budget in (

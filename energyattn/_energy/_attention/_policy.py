@@ -208,12 +208,12 @@ class BlockSizes:
             # queries (at 64 the row terms of vmapped heads' JVPs and HVPs, 7 of 93 float32
             # programs at head sizes 192 to 512, came out at 96 registers with 16 B).
             small = a100 and head_dim <= 32
-            narrow = a100 and not single and head_dim > 128
+            wide_half = a100 and not single and head_dim > 128
             queries = 32 if (a100 and (single or small)) or (b200 and wide) else 64
-            keys = 16 if wide or narrow or small else 32
+            keys = 16 if wide or wide_half or small else 32
             if small:
                 columns = 16
-            elif a100 and (narrow or mask is not None or head_dim <= 64):
+            elif a100 and (wide_half or mask is not None or head_dim <= 64):
                 columns = 32
             else:
                 columns = 64
@@ -455,7 +455,7 @@ def gpu_budget(generation: str | None, itemsize: int) -> Budget:
     in tensor memory rather than registers: 64 columns and 1 pair. A term of two pairs that
     cannot be expanded narrows its tiles (`narrow_tiles`) to fit the A100's shared memory,
     and any chip's the program does not name; not on the H100, where the narrowed tiles
-    spilled 4-16 B in the layers' HVPs (the full ones spill nothing). Measured with
+    spilled 4-20 B in the layers' HVPs (the full ones spill nothing). Measured with
     `ptxas -v` (`benchmarks/device_compile.py`, the accelerators guide's matrix)."""
     if itemsize < 4 or generation == "sm_100":
         return Budget(columns=128, pairs=2)
