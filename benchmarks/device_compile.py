@@ -193,6 +193,8 @@ def matrix(chip: str, which: str) -> list[tuple]:
         # A sequence shorter than a tile: the float32 HVP with a dense mask at 17 tokens
         # spilled 532 B on the B200 while its tile shrank to the sequence.
         cases.append(("lse_dense_mask", "hvp", "float32", 17, 32))
+        # A loop of one block (5 tokens): its forward spilled 4 B on the B200 unrolled.
+        cases.append(("lse_exclude_self", "jvp", "float32", 5, 128))
     # A rotation: each program with each form once per platform, the chips of a platform
     # taking turns, the dtypes, lengths and head sizes cycling.
     # The models' kernels do not depend on the length, and their other programs (position

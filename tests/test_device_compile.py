@@ -17,7 +17,8 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   the three layers and models, meets every form on each platform), the dtypes (float16
   on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256; the models
   64) cycling;
-- on GPUs, a sequence shorter than a tile (17 tokens, the float32 HVP with a dense mask).
+- on GPUs, sequences shorter than a tile (17 tokens, the float32 HVP with a dense mask;
+  5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop over one block).
 
 Each chip compiles at its compilers' default optimization (`device_compile.default_compilers`
 removes the suite's faster settings, which its subprocesses would otherwise inherit).

@@ -226,6 +226,44 @@ def test_a_short_sequence_is_one_tile(platform, generation, forward, columns):
 
 
 @pytest.mark.parametrize(
+    "kind, seq, hidden",
+    [("NVIDIA B200", 5, 2), ("NVIDIA B200", 100, 0), ("NVIDIA H100 80GB HBM3", 5, 0)],
+)
+def test_the_b200_keeps_a_loop_of_one_block_a_loop(kind, seq, hidden):
+    # On the B200 a kernel whose loop takes one block (a sequence shorter than a tile)
+    # hides the trip count from Triton and ptxas (an opaque `mov`): unrolled, ptxas traded
+    # registers for occupancy and spilled 4-8 B. Over several blocks, and on other chips
+    # (the A100 spilled as loops), nothing is hidden. Here: the gradient's forward and
+    # column passes, lowered for the chip from this CPU.
+    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
+    tiles = {
+        generation: kernel_tiles(
+            ea.BlockSizes(),
+            "gpu",
+            kind="forward",
+            seq=seq,
+            mem=seq,
+            dim=64,
+            itemsize=4,
+            mask=None,
+            generation=generation,
+        )[0].keep_loop
+        for generation in ("sm_80", "sm_90", "sm_100", None)
+    }
+    assert tiles == {"sm_80": False, "sm_90": False, "sm_100": True, None: False}
+
+    def f(q):
+        return ea.attention_logsumexp(q, q, beta=1.0, implementation="pallas").sum()
+
+    with jax.sharding.use_abstract_mesh(mesh):
+        traced = jax.jit(jax.grad(f)).trace(jnp.ones((seq, 64), "float32"))
+        text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 2
+    assert text.count("mov.b32 $0, $1;") == hidden
+
+
+@pytest.mark.parametrize(
     "kind, platform, generation",
     [
         ("NVIDIA H100 80GB HBM3", "gpu", "sm_90"),

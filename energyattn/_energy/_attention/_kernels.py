@@ -108,10 +108,11 @@ class Block:
     def __init__(self, reads, width: int, split: bool):
         self.reads, self.width, self.split = tuple(reads), width, split
 
-    def cols(self, start: int = 0, width: int | None = None):
-        """Columns `[start, start + width)` (all by default): an array, or `Parts`."""
-        width = self.width - start if width is None else width
-        loaded = tuple(read(start, width) for read in self.reads)
+    def cols(self, start: int | jax.Array = 0, width: int | None = None):
+        """Columns `[start, start + width)` (all by default; `start` traced in a loop over
+        chunks): an array, or `Parts`."""
+        span = self.width - start if width is None else width
+        loaded = tuple(read(start, span) for read in self.reads)
         return Parts(loaded) if self.split else loaded[0]
 
 

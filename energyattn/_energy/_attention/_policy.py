@@ -264,7 +264,8 @@ def as_block_sizes(block_size: BlockSize) -> BlockSizes:
 class KernelTiles:
     """The tiling of one kernel: `bq` queries and `bk` keys per block, the lengths padded to
     them (`seq_p`, `mem_p`), the true lengths where padded (`padded_seq`, `padded_mem`,
-    else `None`), Triton's warps and stages, and the float32 products."""
+    else `None`), Triton's warps and stages, the float32 products, the columns a product
+    contracts at once, and whether a loop over one block stays a loop (`keep_loop`)."""
 
     bq: int
     bk: int
@@ -276,6 +277,7 @@ class KernelTiles:
     num_stages: int | None
     float32_products: str
     contraction: int | None = None
+    keep_loop: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,6 +430,12 @@ def kernel_tiles(
         # float32 (two TF32 parts each), whose 64-column chunks spilled registers on the
         # H100 and the B200 (`ptxas -v`: up to 1.2 KB a kernel).
         None if platform == "tpu" else _contraction(itemsize),
+        # On the B200 a kernel whose loop takes one block (a sequence shorter than a tile)
+        # keeps it a loop, its trip count hidden from the compilers: unrolled to straight-line
+        # code, ptxas traded registers for occupancy and spilled 4-8 B (6 of 43 programs of 1
+        # to 63 tokens, 0 as loops). On the A100 the loops spilled instead (2 of 36), and on
+        # the H100 neither did.
+        keep_loop=platform == "gpu" and generation == "sm_100",
     )
     asked = (blocks.block_q, blocks.block_k_terms if kind == "columns" else blocks.block_k)
     if any(size is not None for size in asked):
