@@ -18,7 +18,8 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256; the models
   64) cycling;
 - on GPUs, sequences shorter than a tile (17 tokens, the float32 HVP with a dense mask;
-  5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop over one block).
+  5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop over one block,
+  and the causal float32 gradient with the diagonal excluded, whose forward does).
 
 Each chip compiles at its compilers' default optimization (`device_compile.default_compilers`
 removes the suite's faster settings, which its subprocesses would otherwise inherit).

@@ -799,6 +799,7 @@ def _spec(kind, q, k, beta, mask, arrays, terms_, structure, blocks, platform, g
         itemsize=jnp.dtype(q.dtype).itemsize,
         mask=mask_kind(mask),
         generation=generation,
+        causal=structure.causal,
     )
     products = Products(platform, tiles.float32_products, tiles.contraction)
     spec = Pass(kind, terms_, (), structure, mask_kind(mask), tiles, products)

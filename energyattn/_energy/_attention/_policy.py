@@ -123,7 +123,8 @@ class BlockSizes:
     ¹ 32 on sm_80 for float32 and for head sizes up to 32, and on sm_100 for float32 heads
     above 128. ² 128 above 4096 queries.
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
-    above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128.
+    above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128, and
+    for a causal forward over one block (a sequence shorter than a tile).
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
     128 and with a mask (dense or segment ids).
 
@@ -376,11 +377,13 @@ def kernel_tiles(
     itemsize: int,
     mask: str | None,
     generation: str | None = None,
+    causal: bool = False,
 ) -> tuple[KernelTiles, Budget]:
     """The tiling of one kernel on `platform` (`"gpu"` or `"tpu"`) and what it may
     accumulate: `kind` is the pass (`"forward"`, `"rows"`, `"columns"`), `dim` the padded
     head size, `itemsize` the inputs', `generation` the chip's (`None`: as
-    `target_generation` finds it)."""
+    `target_generation` finds it), `causal` whether the pass is under the causal
+    triangle."""
     if generation is None:
         generation = target_generation(platform)
     wide = itemsize >= 4 and dim > 128
@@ -416,6 +419,14 @@ def kernel_tiles(
     seq_p = -(-seq // bq) * bq
     mem_p = -(-mem // bk) * bk
     warps = sizes.num_warps
+    b200 = platform == "gpu" and generation == "sm_100"
+    one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
+    if b200 and one_block and causal and kind == "forward" and blocks.num_warps is None:
+        # A causal forward over one block takes 4 warps on the B200: on 8, 3 of 24 float32
+        # programs of 1 to 31 tokens spilled 4 B at 80 registers (8 B at 128 as loops); on 4
+        # none of them, nor of 43 other short programs. Not the other passes: on 4 warps the
+        # energy-based Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
+        warps = 4
     tiles = KernelTiles(
         bq,
         bk,
@@ -435,7 +446,7 @@ def kernel_tiles(
         # code, ptxas traded registers for occupancy and spilled 4-8 B (6 of 43 programs of 1
         # to 63 tokens, 0 as loops). On the A100 the loops spilled instead (2 of 36), and on
         # the H100 neither did.
-        keep_loop=platform == "gpu" and generation == "sm_100",
+        keep_loop=b200,
     )
     asked = (blocks.block_q, blocks.block_k_terms if kind == "columns" else blocks.block_k)
     if any(size is not None for size in asked):
