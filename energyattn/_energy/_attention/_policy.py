@@ -266,7 +266,7 @@ class KernelTiles:
     """The tiling of one kernel: `bq` queries and `bk` keys per block, the lengths padded to
     them (`seq_p`, `mem_p`), the true lengths where padded (`padded_seq`, `padded_mem`,
     else `None`), Triton's warps and stages, the float32 products, the columns a product
-    contracts at once, and whether a loop over one block stays a loop (`keep_loop`)."""
+    contracts at once, and whether its loop, over one block, stays a loop (`keep_loop`)."""
 
     bq: int
     bk: int
@@ -446,7 +446,7 @@ def kernel_tiles(
         # code, ptxas traded registers for occupancy and spilled 4-8 B (6 of 43 programs of 1
         # to 63 tokens, 0 as loops). On the A100 the loops spilled instead (2 of 36), and on
         # the H100 neither did.
-        keep_loop=b200,
+        keep_loop=b200 and one_block,
     )
     asked = (blocks.block_q, blocks.block_k_terms if kind == "columns" else blocks.block_k)
     if any(size is not None for size in asked):
