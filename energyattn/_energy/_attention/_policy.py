@@ -124,7 +124,7 @@ class BlockSizes:
     above 128. ² 128 above 4096 queries.
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
     above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128, and
-    for a causal forward over one block (a sequence shorter than a tile).
+    for a causal forward of at most 8 queries over one block.
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
     128 and with a mask (dense or segment ids).
 
@@ -422,11 +422,13 @@ def kernel_tiles(
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
     if b200 and one_block and causal and kind == "forward" and blocks.num_warps is None:
-        # A causal forward over one block takes 4 warps on the B200: on 8, 3 of 24 float32
-        # programs of 1 to 31 tokens spilled 4 B at 80 registers (8 B at 128 as loops); on 4
-        # none of them, nor of 43 other short programs. Not the other passes: on 4 warps the
-        # energy-based Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
-        warps = 4
+        # A causal forward of at most 8 queries over one block takes 4 warps on the B200: on
+        # 8, float32 programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
+        # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
+        # Transformer's float32 forwards at 14 to 31 tokens (head size 48) spilled 4-12 B at
+        # 168 registers, and none did on 8. Not the other passes: on 4 warps the energy-based
+        # Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
+        warps = 4 if seq <= _FEW_QUERIES else warps
     tiles = KernelTiles(
         bq,
         bk,
@@ -458,6 +460,9 @@ def kernel_tiles(
         return tiles, Budget(columns=512, pairs=4)
     return tiles, gpu_budget(generation, itemsize)
 
+
+#: The most queries a causal forward over one block may have to take 4 warps on the B200.
+_FEW_QUERIES = 8
 
 #: The GPU generations on which a short sequence still takes the default tile.
 _FULL_TILES = ("sm_90", "sm_100")
