@@ -263,7 +263,7 @@ def test_the_b200_keeps_a_loop_of_one_block_a_loop(kind, seq, hidden):
     assert text.count("mov.b32 $0, $1;") == hidden
 
 
-def test_the_b200_gives_a_causal_forward_over_one_block_4_warps():
+def test_the_b200_gives_a_short_causal_forward_over_one_block_4_warps():
     # On 8 warps such forwards of 5 queries spilled 4 B on the B200 (unrolled) or 8 B (kept
     # as loops); on 4, forwards of 14 to 31 queries spilled 4-12 B (JAX 0.12). Other passes,
     # more than 8 queries, longer sequences, other chips and warps a user asks for keep theirs.

@@ -421,14 +421,15 @@ def kernel_tiles(
     warps = sizes.num_warps
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
-    if b200 and one_block and causal and kind == "forward" and blocks.num_warps is None:
+    few = seq <= _FEW_QUERIES
+    if b200 and one_block and few and causal and kind == "forward" and blocks.num_warps is None:
         # A causal forward of at most 8 queries over one block takes 4 warps on the B200: on
         # 8, float32 programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
         # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
         # Transformer's float32 forwards at 14 to 31 tokens (head size 48) spilled 4-12 B at
         # 168 registers, and none did on 8. Not the other passes: on 4 warps the energy-based
         # Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
-        warps = 4 if seq <= _FEW_QUERIES else warps
+        warps = 4
     tiles = KernelTiles(
         bq,
         bk,
@@ -461,7 +462,7 @@ def kernel_tiles(
     return tiles, gpu_budget(generation, itemsize)
 
 
-#: The most queries a causal forward over one block may have to take 4 warps on the B200.
+#: The most queries of a causal forward over one block that takes 4 warps on the B200.
 _FEW_QUERIES = 8
 
 #: The GPU generations on which a short sequence still takes the default tile.
