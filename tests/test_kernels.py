@@ -5,6 +5,7 @@ them through every transformation)."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -263,12 +264,13 @@ def test_the_b200_keeps_a_loop_of_one_block_a_loop(kind, seq, hidden):
     assert text.count("mov.b32 $0, $1;") == hidden
 
 
-def test_the_b200_gives_a_short_causal_forward_over_one_block_4_warps():
+def test_the_b200_gives_a_short_float32_causal_forward_over_one_block_4_warps():
     # On 8 warps such forwards of 5 queries spilled 4 B on the B200 (unrolled) or 8 B (kept
-    # as loops); on 4, forwards of 14 to 31 queries spilled 4-12 B (JAX 0.12). Other passes,
-    # more than 8 queries, longer sequences, other chips and warps a user asks for keep theirs.
-    def warps(generation="sm_100", kind="forward", causal=True, blocks=None, n=5):
-        shape = dict(seq=n, mem=n, dim=128, itemsize=4, mask=None)
+    # as loops); on 4, forwards of 14 to 31 queries spilled 4-12 B (JAX 0.12), and bfloat16
+    # ones of 4 to 8 queries 4-32 B. Other passes, more than 8 queries, half precision,
+    # longer sequences, other chips and warps a user asks for keep theirs.
+    def warps(generation="sm_100", kind="forward", causal=True, blocks=None, n=5, itemsize=4):
+        shape = dict(seq=n, mem=n, dim=128, itemsize=itemsize, mask=None)
         blocks = blocks or ea.BlockSizes()
         tiles, _ = kernel_tiles(
             blocks, "gpu", kind=kind, generation=generation, causal=causal, **shape
@@ -278,8 +280,37 @@ def test_the_b200_gives_a_short_causal_forward_over_one_block_4_warps():
     assert warps() == warps(n=1) == warps(n=8) == 4
     assert warps(n=9) == warps(n=17) == warps(n=31) == 8
     assert warps(causal=False) == warps(kind="rows") == warps(kind="columns") == 8
-    assert warps(n=1000) == warps("sm_90") == warps("sm_80") == 8
+    assert warps(n=1000) == warps("sm_90") == warps("sm_80") == warps(itemsize=2) == 8
     assert warps(blocks=ea.BlockSizes(num_warps=8)) == 8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_terms_a_forward_leaves_run_tiled_as_a_row_pass(dtype):
+    # The HVP's forward kernel accumulates what terms fit beside its output; the rest run in
+    # row passes, which take the row passes' 8 warps, not the short causal forward's 4 (on
+    # which the energy-based Transformer's float32 HVP at 8 tokens spilled 4 B in its row
+    # pass on the B200). Lowered for the chip from this CPU; each kernel's name and warps.
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA B200", num_cores=1, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
+
+    def f(q):
+        return ea.attention_logsumexp(q, q, beta=1.0, causal=True, implementation="pallas").sum()
+
+    def hvp(x):
+        return jax.jvp(jax.grad(f), (x,), (x,))[1]
+
+    x = jnp.ones((5, 64), dtype)  # made outside the abstract mesh (JAX 0.12 refuses it there)
+    with jax.sharding.use_abstract_mesh(mesh):
+        lowered = jax.jit(hvp).trace(x).lower(lowering_platforms=("cuda",))
+    kernel = r'name = "(energy_attention_\w+)".{0,400}?num_warps = (\d+)'
+    found = re.findall(kernel, lowered.as_text(), re.S)
+    warps = {name: {int(w) for n, w in found if n == name} for name, _ in found}
+    forward = 4 if dtype == "float32" else 8
+    assert warps == {
+        "energy_attention_forward": {forward},
+        "energy_attention_row_terms": {8},
+        "energy_attention_column_terms": {8},
+    }
 
 
 @pytest.mark.parametrize(

@@ -719,6 +719,13 @@ def forward(
         outs.append(run(_kernel_spec(base, "forward", [], budget, more), lse=None)[1])
     results = list(zip(fused, sums, strict=True))
     lse = lse[:, 0]
+    if rest:
+        # The terms left over run in row passes, tiled as row passes (not as the forward:
+        # on the B200 a short causal forward's 4 warps made the energy-based Transformer's
+        # float32 HVP at 8 tokens spill 4 B at 128 registers in its row pass).
+        base = _spec(
+            "rows", q, k, beta, mask, arrays, terms, structure, blocks, platform, generation
+        )[0]
     while rest:
         taken, rest = _pack(rest, budget)
         spec = _kernel_spec(base, "rows", taken, budget)

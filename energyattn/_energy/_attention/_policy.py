@@ -124,7 +124,7 @@ class BlockSizes:
     above 128. ² 128 above 4096 queries.
     ³ Halved for float32 heads above 128, and on GPUs for sm_80's half-precision heads
     above 128 and its head sizes up to 32. ⁴ 4 on sm_100 for float32 heads above 128, and
-    for a causal forward of at most 8 queries over one block.
+    for a float32 causal forward of at most 8 queries over one block.
     ⁵ On sm_80: 16 for head sizes up to 32; 32 up to 64, for half-precision heads above
     128 and with a mask (dense or segment ids).
 
@@ -421,14 +421,17 @@ def kernel_tiles(
     warps = sizes.num_warps
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
-    few = seq <= _FEW_QUERIES
+    few = seq <= _FEW_QUERIES and itemsize >= 4
     if b200 and one_block and few and causal and kind == "forward" and blocks.num_warps is None:
-        # A causal forward of at most 8 queries over one block takes 4 warps on the B200: on
-        # 8, float32 programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
+        # A float32 causal forward of at most 8 queries over one block takes 4 warps on the
+        # B200: on 8, programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
         # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
         # Transformer's float32 forwards at 14 to 31 tokens (head size 48) spilled 4-12 B at
-        # 168 registers, and none did on 8. Not the other passes: on 4 warps the energy-based
-        # Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
+        # 168 registers, and none did on 8. Not half precision: on 4, the bfloat16 JVP of the
+        # causal log-sum-exp without the diagonal (head size 64) spilled 28-32 B at 5 and 8
+        # tokens, and none of 36 bfloat16 programs of 2 to 8 tokens did on 8. Not the other
+        # passes: on 4 warps the energy-based Transformer's bfloat16 HVP at 2 tokens spilled
+        # 4-32 B.
         warps = 4
     tiles = KernelTiles(
         bq,
@@ -462,7 +465,7 @@ def kernel_tiles(
     return tiles, gpu_budget(generation, itemsize)
 
 
-#: The most queries of a causal forward over one block that takes 4 warps on the B200.
+#: The most queries of a float32 causal forward over one block that takes 4 warps on the B200.
 _FEW_QUERIES = 8
 
 #: The GPU generations on which a short sequence still takes the default tile.
