@@ -19,7 +19,8 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   64) cycling;
 - on GPUs, sequences shorter than a tile (17 tokens, the float32 HVP with a dense mask;
   5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop over one block,
-  and the causal float32 gradient with the diagonal excluded, whose forward does).
+  and the causal float32 gradient with the diagonal excluded, whose forward does; 8
+  tokens, that program's bfloat16 JVP, whose forward takes other warps than float32's).
 
 Each chip compiles at its compilers' default optimization (`device_compile.default_compilers`
 removes the suite's faster settings, which its subprocesses would otherwise inherit).
