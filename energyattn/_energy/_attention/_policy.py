@@ -428,8 +428,9 @@ def kernel_tiles(
         # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
         # Transformer's float32 forwards at 14 to 31 tokens (head size 48) spilled 4-12 B at
         # 168 registers, and none did on 8. Not half precision: on 4, the bfloat16 JVP of the
-        # causal log-sum-exp without the diagonal (head size 64) spilled 28-32 B at 5 and 8
-        # tokens, and none of 36 bfloat16 programs of 2 to 8 tokens did on 8. Not the other
+        # causal log-sum-exp without the diagonal (head size 64) spilled 16-32 B at 4 to 8
+        # tokens (4-24 B at 5 to 8 under JAX 0.12), and none of 36 bfloat16 programs of 2 to
+        # 8 tokens did on 8 under JAX 0.10 (under 0.12 that JVP at 5 tokens, 8 B). Not the other
         # passes: on 4 warps the energy-based Transformer's bfloat16 HVP at 2 tokens spilled
         # 4-32 B.
         warps = 4
