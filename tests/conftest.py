@@ -59,6 +59,8 @@ if _probes and _probes[_ALL].wait() != 0:
     _probes = {flag: _probe(flag) for flag in _FAST}
 _env["XLA_FLAGS"] = " ".join([_flags, *(f for f, p in _probes.items() if p.wait() == 0)])
 jax.config.update("jax_enable_x64", True)  # identities are checked to 1e-10
+if _env.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == "1":  # read when JAX is imported: a plugin
+    jax.config.update("jax_disable_most_optimizations", True)  # may have imported it first
 
 # The patch: every `eqx.error_if` traced asks JAX, per stack frame, whether the file is
 # excluded from tracebacks (system calls). The answer depends only on the name and the
