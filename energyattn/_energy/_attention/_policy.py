@@ -421,8 +421,9 @@ def kernel_tiles(
     warps = sizes.num_warps
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
-    few = seq <= _FEW_QUERIES and itemsize >= 4
-    if b200 and one_block and few and causal and kind == "forward" and blocks.num_warps is None:
+    few = seq <= _FEW_QUERIES
+    short_float32_forward = few and itemsize >= 4 and causal and kind == "forward"
+    if b200 and one_block and short_float32_forward and blocks.num_warps is None:
         # A float32 causal forward of at most 8 queries over one block takes 4 warps on the
         # B200: on 8, programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
         # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
