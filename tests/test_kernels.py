@@ -59,6 +59,18 @@ CASES = [
 TOL = {"float64": 1e-12, "float32": 2e-5, "bfloat16": 2e-5}
 
 
+def lowered_for(kind, fn, x, platform="cuda"):
+    """The text of `jax.jit(fn)` at `x`, lowered from this CPU for the chip `kind` (a device
+    kind, e.g. "NVIDIA B200"): Pallas asks the target device's kind when it lowers a kernel
+    (newer JAX needs it given for a platform this machine lacks), and an abstract device
+    says it. `x` is made outside the abstract mesh (JAX 0.12 refuses it there)."""
+    family = "tpu" if platform == "tpu" else "gpu"
+    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform=family)
+    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
+
+
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[5]}")
 def test_kernels_equal_the_xla_loop(case, platform):
@@ -236,8 +248,6 @@ def test_the_b200_keeps_a_loop_of_one_block_a_loop(kind, seq, hidden):
     # registers for occupancy and spilled 4-8 B. Over several blocks, and on other chips
     # (the A100 spilled as loops), nothing is hidden. Here: the gradient's forward and
     # column passes, lowered for the chip from this CPU.
-    device = jax.sharding.AbstractDevice(device_kind=kind, num_cores=1, platform="gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
     tiles = {
         generation: kernel_tiles(
             ea.BlockSizes(),
@@ -257,9 +267,7 @@ def test_the_b200_keeps_a_loop_of_one_block_a_loop(kind, seq, hidden):
     def f(q):
         return ea.attention_logsumexp(q, q, beta=1.0, implementation="pallas").sum()
 
-    x = jnp.ones((seq, 64), "float32")
-    with jax.sharding.use_abstract_mesh(mesh):
-        text = jax.jit(jax.grad(f)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    text = lowered_for(kind, jax.grad(f), jnp.ones((seq, 64), "float32"))
     assert text.count("xla.gpu.triton") == 2
     assert text.count("mov.b32 $0, $1;") == hidden
 
@@ -290,20 +298,15 @@ def test_the_terms_a_forward_leaves_run_tiled_as_a_row_pass(dtype):
     # row passes, which take the row passes' 8 warps, not the short causal forward's 4 (on
     # which the energy-based Transformer's float32 HVP at 8 tokens spilled 4 B in its row
     # pass on the B200). Lowered for the chip from this CPU; each kernel's name and warps.
-    device = jax.sharding.AbstractDevice(device_kind="NVIDIA B200", num_cores=1, platform="gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("one",), abstract_device=device)
-
     def f(q):
         return ea.attention_logsumexp(q, q, beta=1.0, causal=True, implementation="pallas").sum()
 
     def hvp(x):
         return jax.jvp(jax.grad(f), (x,), (x,))[1]
 
-    x = jnp.ones((5, 64), dtype)  # made outside the abstract mesh (JAX 0.12 refuses it there)
-    with jax.sharding.use_abstract_mesh(mesh):
-        lowered = jax.jit(hvp).trace(x).lower(lowering_platforms=("cuda",))
+    text = lowered_for("NVIDIA B200", hvp, jnp.ones((5, 64), dtype))
     kernel = r'name = "(energy_attention_\w+)".{0,400}?num_warps = (\d+)'
-    found = re.findall(kernel, lowered.as_text(), re.S)
+    found = re.findall(kernel, text, re.S)
     warps = {name: {int(w) for n, w in found if n == name} for name, _ in found}
     forward = 4 if dtype == "float32" else 8
     assert warps == {
