@@ -422,19 +422,27 @@ def kernel_tiles(
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
     few = seq <= _FEW_QUERIES
-    short_float32_forward = few and itemsize >= 4 and causal and kind == "forward"
-    if b200 and one_block and short_float32_forward and blocks.num_warps is None:
-        # A float32 causal forward of at most 8 queries over one block takes 4 warps on the
-        # B200: on 8, programs at 5 tokens spilled 4 B at 80 registers (8 B at 128 as loops;
-        # JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the energy-based
-        # Transformer's float32 forwards at 14 to 31 tokens (head size 48) spilled 4-12 B at
-        # 168 registers, and none did on 8. Not half precision: on 4, the bfloat16 JVP of the
-        # causal log-sum-exp without the diagonal (head size 64) spilled 16-32 B at 4 to 8
-        # tokens (4-24 B at 5 to 8 under JAX 0.12), and none of 36 bfloat16 programs of 2 to
-        # 8 tokens did on 8 under JAX 0.10 (under 0.12 that JVP at 5 tokens, 8 B). Not the other
-        # passes: on 4 warps the energy-based Transformer's bfloat16 HVP at 2 tokens spilled
-        # 4-32 B.
-        warps = 4
+    short_forward = few and causal and kind == "forward"
+    if b200 and one_block and short_forward and blocks.num_warps is None:
+        if itemsize >= 4:
+            # A float32 causal forward of at most 8 queries over one block takes 4 warps on
+            # the B200: on 8, programs at 5 tokens spilled 4 B at 80 registers (8 B at 128
+            # as loops; JAX 0.10 and 0.12). Longer ones keep 8: on 4, under JAX 0.12, the
+            # energy-based Transformer's float32 forwards at 14 to 31 tokens (head size 48)
+            # spilled 4-12 B at 168 registers, and none did on 8. Not the other passes: on 4
+            # warps the energy-based Transformer's bfloat16 HVP at 2 tokens spilled 4-32 B.
+            warps = 4
+        elif _TRITON_OF_JAX_0_12:
+            # Half precision there takes 2 warps with JAX 0.12's Triton, and keeps 8 with
+            # older ones: the bfloat16 JVP of the causal log-sum-exp without the diagonal
+            # (head size 64) at 5 tokens spilled 8 B at 48 registers on 8 warps under JAX
+            # 0.12, where `ptxas` could have taken 255; on 2 it spills nothing, nor do 118
+            # short half-precision programs (1-8 tokens, head sizes 16-256, every form).
+            # Under JAX 0.10 those 118 spill nothing on 8 warps and two on 2 (the vmapped
+            # heads' forward: 16 B at 80 registers, 4 B at 255). On 4 warps that JVP spilled
+            # 16-32 B at 4 to 8 tokens (4-24 B under 0.12). benchmarks/README.md, "Short
+            # sequences on the B200".
+            warps = 2
     tiles = KernelTiles(
         bq,
         bk,
@@ -467,8 +475,12 @@ def kernel_tiles(
     return tiles, gpu_budget(generation, itemsize)
 
 
-#: The most queries of a float32 causal forward over one block that takes 4 warps on the B200.
+#: The most queries of a causal forward over one block that takes fewer warps on the B200.
 _FEW_QUERIES = 8
+
+#: Whether the GPU kernels compile with the Triton of JAX 0.12 or later, whose register
+#: allocation for short half-precision forwards on the B200 differs from older ones'.
+_TRITON_OF_JAX_0_12 = jax.__version_info__ >= (0, 12)
 
 #: The GPU generations on which a short sequence still takes the default tile.
 _FULL_TILES = ("sm_90", "sm_100")
