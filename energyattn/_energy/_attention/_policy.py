@@ -421,8 +421,7 @@ def kernel_tiles(
     warps = sizes.num_warps
     b200 = platform == "gpu" and generation == "sm_100"
     one_block = (seq_p // bq if kind == "columns" else mem_p // bk) == 1
-    few = seq <= _FEW_QUERIES
-    short_forward = few and causal and kind == "forward"
+    short_forward = seq <= _FEW_QUERIES and causal and kind == "forward"
     if b200 and one_block and short_forward and blocks.num_warps is None:
         if itemsize >= 4:
             # A float32 causal forward of at most 8 queries over one block takes 4 warps on
@@ -440,8 +439,8 @@ def kernel_tiles(
             # short half-precision programs (1-8 tokens, head sizes 16-256, every form).
             # Under JAX 0.10 those 118 spill nothing on 8 warps and two on 2 (the vmapped
             # heads' forward: 16 B at 80 registers, 4 B at 255). On 4 warps that JVP spilled
-            # 16-32 B at 4 to 8 tokens (4-24 B under 0.12). benchmarks/README.md, "Short
-            # sequences on the B200".
+            # 16-32 B at 4 to 8 tokens (4-24 B under 0.12). benchmarks/README.md, "The chips'
+            # own compilers on a CPU".
             warps = 2
     tiles = KernelTiles(
         bq,
