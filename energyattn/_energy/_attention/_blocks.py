@@ -25,6 +25,7 @@ causal triangle) need; its mask is the `(seq, chunk)` slice of the rows' mask. R
 accumulate over the chunks (`carry`); column terms are returned per chunk.
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -290,6 +291,15 @@ def _scaled_keys(keyed_b, k_b, beta, per_key):
     return {**keyed_b, SCALED_KEYS: beta * k_b.astype(beta.dtype)}
 
 
+def _key_product(product, keyed_b, k_b, beta, index):
+    r"""`product(x)` of a block's per-key array `index`; for $\beta k$ (`SCALED_KEYS`),
+    $\beta$ times the product of the keys, as the kernels take it (`Scaled`): no scaled copy
+    of the block, and the scale joins the elementwise work that follows."""
+    if index == SCALED_KEYS:
+        return beta * product(k_b.astype(beta.dtype))
+    return product(keyed_b.get(index))
+
+
 def online_terms(sums, rescale, probs, terms, pair, values, matmul=_matmul):
     r"""The fused forward's row terms after one block: each running sum rescaled like the
     output, plus the block's $\sum_j w_{ij} X_j$ with the block's unnormalised
@@ -399,7 +409,6 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
-        keyed_b = _scaled_keys(keyed_b, k_b, beta, per_key)
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
         allowed = block_allowed(
@@ -408,13 +417,17 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
         probs = block_probs(scores, lse, allowed)
 
         def pair(a, b):
-            return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
+            def product(x):
+                return jnp.einsum("sf,bf->sb", rows[a], x, preferred_element_type=acc)
+
+            return _key_product(product, keyed_b, k_b, beta, b)
 
         sums, col_out = list(carry), []
         r = 0
         for term, w in zip(terms, term_weights(probs, terms, pair), strict=True):
             if term.row:
-                sums[r] = sums[r] + weighted_sum(w, keyed_b.get(term.value))
+                row_sum = functools.partial(weighted_sum, w)
+                sums[r] = sums[r] + _key_product(row_sum, keyed_b, k_b, beta, term.value)
                 r += 1
             else:
                 col_out.append(jnp.einsum("ds,sb->db", cols_t[term.value], w))
