@@ -277,7 +277,8 @@ def forward_init(q, acc):
 
 def key_arrays(q, k, beta, arrays):
     r"""`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
-    the terms take them ($\beta k$, `SCALED_KEYS`, is formed block by block: `_scaled_keys`)."""
+    the terms take them ($\beta k$, `SCALED_KEYS`, is formed block by block in the fused
+    forward, `_scaled_keys`; the terms pass scales the keys' products, `_key_product`)."""
     acc = beta.dtype
     sq, _ = scaled_queries(q, beta)
     scaled = sq if q.dtype == acc else beta * q.astype(acc)
