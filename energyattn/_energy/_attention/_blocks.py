@@ -25,8 +25,7 @@ causal triangle) need; its mask is the `(seq, chunk)` slice of the rows' mask. R
 accumulate over the chunks (`carry`); column terms are returned per chunk.
 """
 
-import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +69,17 @@ class Structure(NamedTuple):
         if self.exclude_self:
             return rows != cols
         return None
+
+
+class Scaled(NamedTuple):
+    r"""An operand times $\beta$ ($\beta k$ in every pass, $\beta q$ for half-precision queries
+    in the kernels): the `block` as it is (a half-precision block is exact in every part
+    format) and the product scaled by `scale` after it, so that no scaled copy of the block
+    is formed (nor, in the kernels, its float32 parts) and the scale joins the elementwise
+    work that follows the product."""
+
+    block: Any
+    scale: Any
 
 
 class Term(NamedTuple):
@@ -211,7 +221,10 @@ def scaled_queries(q, beta):
 
 
 def _matmul(a, b):
-    """`a @ b`, accumulated in the dtype of the wider operand (at least float32)."""
+    """`a @ b`, accumulated in the dtype of the wider operand (at least float32); a `Scaled`
+    `b` is scaled after the product."""
+    if isinstance(b, Scaled):
+        return b.scale * _matmul(a, b.block)
     acc = accumulation_dtype(a.dtype, b.dtype)
     return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=acc)
 
@@ -277,8 +290,7 @@ def forward_init(q, acc):
 
 def key_arrays(q, k, beta, arrays):
     r"""`arrays` with the keys (`KEYS`) and the queries scaled by beta (`SCALED_QUERIES`), as
-    the terms take them ($\beta k$, `SCALED_KEYS`, is formed block by block in the fused
-    forward, `_scaled_keys`; the terms pass scales the keys' products, `_key_product`)."""
+    the terms take them ($\beta k$, `SCALED_KEYS`, is taken block by block: `_scaled_keys`)."""
     acc = beta.dtype
     sq, _ = scaled_queries(q, beta)
     scaled = sq if q.dtype == acc else beta * q.astype(acc)
@@ -286,19 +298,19 @@ def key_arrays(q, k, beta, arrays):
 
 
 def _scaled_keys(keyed_b, k_b, beta, per_key):
-    r"""A block's per-key arrays with $\beta k$ (`SCALED_KEYS`) where a term uses it."""
+    r"""A block's per-key arrays with $\beta k$ (`SCALED_KEYS`, `Scaled`) where a term uses
+    it."""
     if SCALED_KEYS not in per_key:
         return keyed_b
-    return {**keyed_b, SCALED_KEYS: beta * k_b.astype(beta.dtype)}
+    return {**keyed_b, SCALED_KEYS: Scaled(k_b.astype(beta.dtype), beta)}
 
 
-def _key_product(product, keyed_b, k_b, beta, index):
-    r"""`product(x)` of a block's per-key array `index`; for $\beta k$ (`SCALED_KEYS`),
-    $\beta$ times the product of the keys, as the kernels take it (`Scaled`): no scaled copy
-    of the block, and the scale joins the elementwise work that follows."""
-    if index == SCALED_KEYS:
-        return beta * product(k_b.astype(beta.dtype))
-    return product(keyed_b.get(index))
+def _pair(a, b, acc):
+    r"""A block's `(rows, keys)` matrix $A_i \cdot B_j$ of a per-query array `a` and a
+    per-key array `b` (a `Scaled` one scaled after the product)."""
+    if isinstance(b, Scaled):
+        return b.scale * _pair(a, b.block, acc)
+    return jnp.einsum("sf,bf->sb", a, b, preferred_element_type=acc)
 
 
 def online_terms(sums, rescale, probs, terms, pair, values, matmul=_matmul):
@@ -346,7 +358,7 @@ def forward_chunk(
         probs = block_probs(scores, shift, allowed)
 
         def pair(a, b):
-            return jnp.einsum("sf,bf->sb", rows[a], keyed_b[b], preferred_element_type=acc)
+            return _pair(rows[a], keyed_b[b], acc)
 
         rescale = jnp.exp(run_max - shift)
         values = [keyed_b.get(t.value) for t in terms]  # (None: ONES)
@@ -410,6 +422,7 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
 
     def body(carry, xs):
         k_b, keyed_b, mask_b, start = xs
+        keyed_b = _scaled_keys(keyed_b, k_b, beta, per_key)
         scores = scale * jnp.einsum("sd,bd->sb", sq, k_b, preferred_element_type=acc)
         indices = jnp.arange(seq), start + jnp.arange(block_size)
         allowed = block_allowed(
@@ -418,17 +431,13 @@ def terms_chunk(q, k, beta, lse, mask, arrays, terms, structure, block_size, car
         probs = block_probs(scores, lse, allowed)
 
         def pair(a, b):
-            def product(x):
-                return jnp.einsum("sf,bf->sb", rows[a], x, preferred_element_type=acc)
-
-            return _key_product(product, keyed_b, k_b, beta, b)
+            return _pair(rows[a], keyed_b[b], acc)
 
         sums, col_out = list(carry), []
         r = 0
         for term, w in zip(terms, term_weights(probs, terms, pair), strict=True):
             if term.row:
-                row_sum = functools.partial(weighted_sum, w)
-                sums[r] = sums[r] + _key_product(row_sum, keyed_b, k_b, beta, term.value)
+                sums[r] = sums[r] + weighted_sum(w, keyed_b.get(term.value))
                 r += 1
             else:
                 col_out.append(jnp.einsum("ds,sb->db", cols_t[term.value], w))

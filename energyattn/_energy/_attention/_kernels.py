@@ -61,6 +61,7 @@ from ._blocks import (
     ONES,
     SCALED_KEYS,
     SCALED_QUERIES,
+    Scaled,
     Structure,
     Term,
     array_roles,
@@ -87,16 +88,6 @@ class Parts(NamedTuple):
     @property
     def dtype(self):
         return jnp.dtype(jnp.float32)
-
-
-class Scaled(NamedTuple):
-    r"""An operand times $\beta$ ($\beta q$ for half-precision queries, $\beta k$ always): the
-    `block` as it is (a half-precision block is exact in every part format) and the product
-    scaled by `scale` after it, so that no float32 copy (nor its parts) is formed for a
-    pass."""
-
-    block: Any
-    scale: Any
 
 
 class Block:
