@@ -24,8 +24,9 @@ fewer than keys (padded by segment ids), causal with the diagonal excluded. `--m
 is every cell (but the dense mask beyond 1000 keys: its own O(seq^2) input);
 `--matrix ci` (what `tests/test_device_compile.py` runs, in about 3 minutes on 2 cores) is,
 per chip, the five forms at 64k and 128k keys (the memory check), on GPUs a sequence
-shorter than a tile, and a rotation through the matrix such that every program meets every
-form on every platform.
+shorter than a tile, and a rotation through the attention programs such that every one
+meets every form on every platform; the layers and models take their training form (value
+and gradient) and their HVP, one on a GPU and the other on a TPU (`MODEL_CASES`).
 
 The chips compile at their default optimization: `default_compilers` removes the settings
 that make XLA compile faster and worse (the test suite's, `tests/conftest.py`).
@@ -66,6 +67,23 @@ HEADS = (64, 80, 128, 256)
 #: `--matrix more`: lengths and head sizes the issue's matrix does not name.
 MORE_LENGTHS = (1, 17, 4097, 100003)
 MORE_HEADS = (16, 32, 96, 192, 512)
+#: The layers and models among `PROGRAMS`.
+MODELS = ("HopfieldAttention", "EnergyTransformer", "EnergyBasedTransformer")
+#: The CI matrix's cases of the layers and models, and the chip of each: the training form
+#: (value and gradient) and the HVP of each, one on a GPU and the other on a TPU, in the
+#: chip's first dtype (bfloat16), head size 64. `--matrix full` compiles every cell of them.
+MODEL_CASES = {
+    ("EnergyBasedTransformer", "hvp"): "a100",
+    ("EnergyBasedTransformer", "value_and_grad"): "v5e",
+    ("EnergyTransformer", "value_and_grad"): "h100",
+    ("EnergyTransformer", "hvp"): "v6e",
+    ("HopfieldAttention", "hvp"): "b200",
+    ("HopfieldAttention", "value_and_grad"): "v4",
+}
+#: A program's name with this suffix: compiled in 64-bit mode (`jax_enable_x64`, as
+#: scientific users run JAX). Every TPU kernel failed to compile there until 2026-12-02
+#: (int64 block indices).
+X64 = "_x64"
 #: The programs whose kernels must spill nothing (the issue's zero-spill chips).
 NO_SPILLS = ("h100", "b200")
 #: The memory check's cases: every form of this program at 64k and 128k keys.
@@ -121,6 +139,8 @@ def program(name: str, seq: int, head: int):
 
     if name == CONTROL:
         return control
+    if name.endswith(X64):
+        return program(name.removesuffix(X64), seq, head)
     key = jr.key(0)
     if name.startswith("lse"):
         if name == "lse_dense_mask":
@@ -188,10 +208,13 @@ def matrix(chip: str, which: str) -> list[tuple]:
     # The memory check: every form at 64k and 128k keys.
     prog, dtype_, head = MEMORY_CHECK
     cases = [(prog, f, dtype_, n, head) for f in FORMS for n in LENGTHS[1:]]
+    cases.append(("lse_causal" + X64, "value_and_grad", "float32", LENGTHS[0], 128))
     if chip in GPUS:
         cases.append((CONTROL, "value", "float32", 128, 128))
-        # A sequence shorter than a tile: the float32 HVP with a dense mask at 17 tokens
-        # spilled 532 B on the B200 while its tile shrank to the sequence.
+    if chip in NO_SPILLS:
+        # Spills the zero-spill chips had. A sequence shorter than a tile: the float32 HVP
+        # with a dense mask at 17 tokens spilled 532 B on the B200 while its tile shrank to
+        # the sequence.
         cases.append(("lse_dense_mask", "hvp", "float32", 17, 32))
         # A loop of one block (5 tokens): its forward spilled 4 B on the B200 unrolled.
         cases.append(("lse_exclude_self", "jvp", "float32", 5, 128))
@@ -199,24 +222,23 @@ def matrix(chip: str, which: str) -> list[tuple]:
         # on 4 warps 32 B in bfloat16.
         cases.append(("lse_causal_exclude_self", "value_and_grad", "float32", 5, 128))
         cases.append(("lse_causal_exclude_self", "jvp", "bfloat16", 8, 64))
-    # A rotation: each program with each form once per platform, the chips of a platform
-    # taking turns, the dtypes, lengths and head sizes cycling.
-    # The models' kernels do not depend on the length, and their other programs (position
-    # tables, MLPs) take long to compile at 128k: they take 1000 tokens.
+    # A rotation: each attention program with each form once per platform, the chips of a
+    # platform taking turns, the dtypes, lengths and head sizes cycling.
     same = [c for c in CHIPS if (c in GPUS) == (chip in GPUS)]
     turn = same.index(chip)
-    for i, (prog, form_) in enumerate(itertools.product(PROGRAMS, FORMS)):
-        if i % len(same) != turn:
-            continue
-        n = i // len(same) + turn
-        dtype = dtypes(chip)[n % len(dtypes(chip))]
-        model = prog[0].isupper()
-        seq = LENGTHS[0] if model or prog == "lse_dense_mask" else LENGTHS[n % len(LENGTHS)]
-        # The models' second derivatives take up to minutes to compile from head size 80 on
-        # (padded to 128 on GPUs; float32: up to a hundred kernels): the attention programs
-        # cover those sizes here, `--matrix full` the models.
-        heads = HEADS[:1] if model else HEADS
-        cases.append((prog, form_, dtype, seq, heads[n % len(heads)]))
+    attention = [p for p in PROGRAMS if p not in MODELS]
+    for i, (prog, form_) in enumerate(itertools.product(attention, FORMS)):
+        if i % len(same) == turn:
+            n = i // len(same) + turn
+            seq = LENGTHS[0] if prog == "lse_dense_mask" else LENGTHS[n % len(LENGTHS)]
+            cases.append((prog, form_, dtypes(chip)[n % len(dtypes(chip))], seq, HEADS[n % 4]))
+    # The layers and models (`MODEL_CASES`): at most one per chip. Their kernels are the
+    # attention programs' (above, on every chip), their other programs (MLPs, position
+    # tables, the layers' scan) take up to 45 s a case to compile, and at 1000 tokens as at
+    # 128k.
+    for (prog, form_), on in MODEL_CASES.items():
+        if on == chip:
+            cases.append((prog, form_, dtypes(chip)[0], LENGTHS[0], HEADS[0]))
     return cases
 
 
@@ -253,7 +275,9 @@ def compile_case(chip: str, case: tuple, hbm_only: bool = False) -> dict:
     if hbm_only:
         row["hbm_only"] = True
     start = time.perf_counter()
+    x64 = jax.config.values["jax_enable_x64"]
     try:
+        jax.config.update("jax_enable_x64", name.endswith(X64))
         x = jax.ShapeDtypeStruct((seq, width(name, head)), jnp.dtype(dtype))
         fn = form(how, program(name, seq, head))
         names = ("energy_attention", CONTROL)
@@ -271,6 +295,8 @@ def compile_case(chip: str, case: tuple, hbm_only: bool = False) -> dict:
     except Exception as error:  # the compiler's own message is the result
         row["ok"] = False
         row["error"] = " ".join(str(error).split())[:500]
+    finally:
+        jax.config.update("jax_enable_x64", x64)
     row["seconds"] = round(time.perf_counter() - start, 2)
     return row
 
@@ -290,12 +316,20 @@ def run_chip(chip: str, cases: list[tuple]) -> None:
 #: see them: at `JAX_DISABLE_MOST_OPTIMIZATIONS` with XLA's backend at level 1, B200 kernels
 #: came out at 128 registers and spilled 4-16 B that default compiles do not spill.
 SPEED_FLAGS = ("--xla_backend_optimization_level", "--xla_disable_hlo_passes", "--xla_cpu_")
+#: The suite's settings that change what the compiled program holds: without Python
+#: tracebacks as locations a TPU kernel's custom call loses its name (`ea.aot.kernels`
+#: then finds no kernel).
+SPEED_SETTINGS = (
+    "JAX_DISABLE_MOST_OPTIMIZATIONS",
+    "JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS",
+    "JAX_TRACEBACK_IN_LOCATIONS_LIMIT",
+)
 
 
 def default_compilers(env: dict[str, str]) -> dict[str, str]:
-    """`env` without the settings that lower XLA's optimization (`SPEED_FLAGS`,
-    `JAX_DISABLE_MOST_OPTIMIZATIONS`): the chips' compilers as a user's program meets them."""
-    env = {k: v for k, v in env.items() if k != "JAX_DISABLE_MOST_OPTIMIZATIONS"}
+    """`env` without the suite's settings (`SPEED_FLAGS`, `SPEED_SETTINGS`): the chips'
+    compilers as a user's program meets them."""
+    env = {k: v for k, v in env.items() if k not in SPEED_SETTINGS}
     flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(SPEED_FLAGS)]
     env["XLA_FLAGS"] = " ".join(flags)
     return env
@@ -360,8 +394,15 @@ def run_all(which: str, workers: int = 2) -> list[dict]:
             rows = [dict(chip=chip, ok=False, error=done.stderr[-2000:])]
         return rows
 
+    # The chips in an order whose two workers end together (the CI matrix's costs on
+    # 2026-12-02, one after another as two workers take them: the A100's 84 s, 40 of them
+    # the energy-based Transformer's HVP, then the B200's 58 s, v4's 32, the H100's 61, and
+    # so on; 177 s in all, against 190 for the GPUs first in CHIPS's order): `workers`
+    # beyond 2 take them in that order too.
+    order = ("a100", "b200", "v4", "h100", "v5e", "v6e", "v5p")
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        return [row for rows in pool.map(one, CHIPS) for row in rows]
+        done = dict(zip(order, pool.map(one, order), strict=True))
+    return [row for chip in CHIPS for row in done[chip]]
 
 
 def summary(rows: list[dict]) -> list[str]:

@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -216,6 +217,32 @@ def _ptxas() -> str | None:
     return shutil.which("ptxas")
 
 
+@functools.cache
+def _ptxas_report(ptxas: str, arch: str, ptx: str) -> dict[str, tuple[int | None, int | None]]:
+    """`{entry: (registers, spill bytes)}`, as `ptxas -v` reports them for the PTX text
+    `ptx` on `arch`: remembered by the text, which programs of one process often repeat
+    (15 of the 117 PTX modules of the A100's CI matrix)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as file:
+        file.write(ptx)
+        file.flush()
+        run = subprocess.run(
+            [ptxas, f"-arch={arch}", "-v", file.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+        )
+    stats: dict[str, tuple[int | None, int | None]] = {}
+    for block in run.stderr.split("Compiling entry function")[1:]:
+        entry_name = re.search(r"'([^']+)'", block)
+        used = re.search(r"Used (\d+) registers", block)
+        stores = re.search(r"(\d+) bytes spill stores", block)
+        if entry_name:
+            stats[entry_name.group(1)] = (
+                int(used.group(1)) if used else None,
+                int(stores.group(1)) if stores else None,
+            )
+    return stats
+
+
 def _matrix_instruction(text: str) -> str:
     shape = re.search(r"m\d+n\d+k\d+", text)
     if text.startswith("tcgen05"):
@@ -230,7 +257,7 @@ def _matrix_instruction(text: str) -> str:
 def _gpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
     launches: dict[str, tuple[int, int]] = {}
     for path in glob.glob(os.path.join(dump, "*thunk_sequence.txt")):
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             found = re.search(
                 r"\]\s+(\S+) grid: \[[^]]*\] threads: \[(\d+)[^]]*\]\s+shared_memory: (\d+)", line
             )
@@ -244,27 +271,12 @@ def _gpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
         )
     kernels = []
     for path in sorted(glob.glob(os.path.join(dump, "*.ptx"))):
-        text = open(path).read()
+        text = Path(path).read_text()
         entries = re.findall(r"\.visible \.entry (\w+)", text)
         if not entries or (names is not None and not any(e.startswith(names) for e in entries)):
             continue
-        stats: dict[str, tuple[int | None, int | None]] = {}
         target = re.search(r"\.target\s+(\S+)", text)
-        if target is not None:
-            run = subprocess.run(
-                [ptxas, f"-arch={target.group(1)}", "-v", path, "-o", os.devnull],
-                capture_output=True,
-                text=True,
-            )
-            for block in run.stderr.split("Compiling entry function")[1:]:
-                entry_name = re.search(r"'([^']+)'", block)
-                used = re.search(r"Used (\d+) registers", block)
-                stores = re.search(r"(\d+) bytes spill stores", block)
-                if entry_name:
-                    stats[entry_name.group(1)] = (
-                        int(used.group(1)) if used else None,
-                        int(stores.group(1)) if stores else None,
-                    )
+        stats = _ptxas_report(ptxas, target.group(1), text) if target is not None else {}
         for entry in re.split(r"\.visible \.entry ", text)[1:]:
             name = entry.split("(", 1)[0].strip()
             if names is not None and not name.startswith(names):
@@ -292,13 +304,21 @@ def _gpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
 def _tpu_kernels(dump: str, names: tuple[str, ...] | None) -> list[Kernel]:
     kernels = []
     for path in glob.glob(os.path.join(dump, "*after_codegen.txt")):
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             found = re.search(r"%(\S+) = .*custom_call_target=\"tpu_custom_call\"", line)
             if not found:
                 continue
             used = re.findall(r'"memory_space":"1","offset":"\d+","size":"(\d+)"', line)
             name = found.group(1).rsplit(".", 1)[0]
-            if names is not None and not name.startswith(names):
+            if name == "tpu_custom_call" and names is not None:
+                raise RuntimeError(
+                    "the compiled program's TPU kernels have lost their names, so none can "
+                    f"be found by name ({names}): JAX names them by their MLIR locations, "
+                    "which JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS=0 removes; unset it, or "
+                    "pass names=None"
+                )
+            # Pallas names a kernel batched by `jax.vmap` "vmap_" + its name, once per vmap.
+            if names is not None and not re.sub(r"^(vmap_)+", "", name).startswith(names):
                 continue
             kernels.append(Kernel(name, vmem=sum(int(u) for u in used) if used else None))
     return kernels
@@ -310,7 +330,7 @@ def _temp_bytes(dump: str) -> dict[int, int]:
     best: dict[int, int] = {}
     for path in glob.glob(os.path.join(dump, "*after_optimizations-buffer-assignment.txt")):
         spaces: dict[int, int] = {}
-        for line in open(path):
+        for line in Path(path).read_text().splitlines():
             # "allocation 4: size 7356416, color 1, page 0, preallocated-temp:" (JAX 0.12;
             # 0.10 writes no page)
             found = re.match(r"allocation \d+: size (\d+),(.*)\bpreallocated-temp", line)
@@ -344,7 +364,8 @@ def kernels(
 ):
     """`(compiled, kernels, temp_bytes)` (an `Inspection`): `fn` compiled for `chip` as
     `compile_for` does, the device kernels the chip's compiler built for it (`Kernel`s):
-    those whose names start with `names` (a Pallas kernel's name is its `pallas_call`'s),
+    those whose names start with `names` (a Pallas kernel's name is its `pallas_call`'s; on
+    TPUs a kernel batched by `jax.vmap` is named `vmap_` and its name, and found by it),
     or all of them, XLA's own fusions among them (`names=None`), and the program's
     temporary memory in each memory space.
 

@@ -13,19 +13,27 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   fit out of HBM (`ea.aot.Inspection`), more at 64k than at 128k; where HBM alone then grows
   faster, the form is compiled again with that move off, every buffer in HBM
   (`device_compile.hbm_controls`), and checked there;
-- a rotation through programs x forms (every program, every mask kind, vmapped heads,
-  the three layers and models, meets every form on each platform), the dtypes (float16
-  on GPUs), the lengths (1000, 64k, 128k) and the head sizes (64, 80, 128, 256; the models
-  64) cycling;
-- on GPUs, sequences shorter than a tile (17 tokens, the float32 HVP with a dense mask;
-  5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop over one block,
-  and the causal float32 gradient with the diagonal excluded, whose forward does; 8
-  tokens, that program's bfloat16 JVP, whose forward takes other warps than float32's).
+- a rotation through the attention programs x forms (every mask kind and the vmapped heads
+  meet every form on each platform), the dtypes (float16 on GPUs), the lengths (1000, 64k,
+  128k) and the head sizes (64, 80, 128, 256) cycling;
+- the layers and models (`HopfieldAttention`, `EnergyTransformer`, the energy-based
+  transformer; bfloat16, head size 64): each one's value and gradient, and its HVP, one on
+  a GPU and the other on a TPU (`device_compile.MODEL_CASES`). Their kernels are the
+  attention programs'; their other programs (MLPs, the layers' scan) took more than half
+  of the check's time when every form of them compiled on both platforms;
+- on the H100 and the B200, sequences shorter than a tile (17 tokens, the float32 HVP with
+  a dense mask; 5 tokens, a float32 JVP with the diagonal excluded, whose kernels loop
+  over one block, and the causal float32 gradient with the diagonal excluded, whose
+  forward does; 8 tokens, that program's bfloat16 JVP, whose forward takes other warps
+  than float32's): each spilled on the B200 once; on every GPU, a control kernel;
+- the causal log-sum-exp's value and gradient in 64-bit mode (`jax_enable_x64`; float32,
+  1000 tokens): every TPU kernel failed to compile there until 2026-12-02.
 
 Each chip compiles at its compilers' default optimization (`device_compile.default_compilers`
 removes the suite's faster settings, which its subprocesses would otherwise inherit).
 
-And for every kernel of the energy attention: a tensor-core instruction (`wgmma`,
+Every program takes the energy attention's kernels (found by name, under `vmap` too). And
+for every kernel of the energy attention: a tensor-core instruction (`wgmma`,
 `tcgen05.mma`, `mma.sync`) in each GPU kernel, and no spilled register on the H100 and
 the B200 (`ptxas -v`); a control kernel that
 spills and multiplies no matrix shows both checks failing where they should. Device
@@ -83,6 +91,15 @@ def test_every_case_compiles(results, chip):
     assert not failed, "\n".join(failed)
     # At the compilers' default optimization, not the suite's faster settings (conftest.py).
     assert all(r["optimised"] for r in mine if r["ok"])
+
+
+@pytest.mark.parametrize("chip", device_compile.CHIPS)
+def test_every_program_runs_the_kernels(results, chip):
+    # Every program compiled takes the energy attention's kernels (no silent fallback to
+    # XLA's ops), under `jax.vmap` too (a TPU kernel batched by vmap is named "vmap_" + its
+    # name: the layers' and models' kernels, and the heads', were missed by name before).
+    bare = [r for r in results if r["chip"] == chip and r["ok"] and not r["kernels"]]
+    assert not bare, [(r["program"], r["form"], r["dtype"]) for r in bare]
 
 
 def _kernels(results, chip):

@@ -679,6 +679,39 @@ def test_aot_names_what_it_needs():
             ea.aot.device(chip)
 
 
+def test_aot_finds_tpu_kernels_by_name_under_vmap_and_refuses_nameless_ones(tmp_path):
+    # The compiler's dump names a kernel by its pallas_call, "vmap_" + it when batched; a
+    # kernel named by no location ("tpu_custom_call") cannot be found by name: an error.
+    from energyattn import aot
+
+    call = ' = (f32[8]) custom-call(%p), custom_call_target="tpu_custom_call", backend_config='
+    used = '{"used_scoped_memory_configs":[{"memory_space":"1","offset":"0","size":"4096"}]}'
+    dump = tmp_path / "module_0001.jit_f.after_codegen.txt"
+    names = ("energy_attention_forward.1", "vmap_vmap_energy_attention_row_terms.2", "other.3")
+    dump.write_text("".join(f"  %{name}{call}{used}\n" for name in names))
+    found = aot._tpu_kernels(str(tmp_path), ("energy_attention",))
+    assert [(k.name, k.vmem) for k in found] == [
+        ("energy_attention_forward", 4096),
+        ("vmap_vmap_energy_attention_row_terms", 4096),
+    ]
+    assert len(aot._tpu_kernels(str(tmp_path), None)) == 3
+    dump.write_text(f"  %tpu_custom_call.1{call}{used}\n")
+    with pytest.raises(RuntimeError, match="JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS"):
+        aot._tpu_kernels(str(tmp_path), ("energy_attention",))
+
+
+def test_tpu_block_indices_are_int32_in_64_bit_mode():
+    # Mosaic takes int32 block indices; in 64-bit mode (the suite's) a literal or the causal
+    # triangle's arithmetic is int64, and every TPU kernel failed to compile on the chips
+    # (tests/test_device_compile.py compiles a 64-bit program on each).
+    from energyattn._energy._attention import _kernels_tpu
+
+    assert jax.config.values["jax_enable_x64"]
+    spec = _kernels_tpu._block_spec((8, 128), lambda i, j: (0, jnp.minimum(j + i, 3)))
+    i = jnp.int32(1)
+    assert [b.dtype for b in jax.eval_shape(spec.index_map, i, i)] == [jnp.int32] * 2
+
+
 def test_segment_ids_are_checked_and_make_padding():
     # Padding from lengths: keys beyond 3 are attended by no query, queries beyond 2 attend
     # to nothing; `attended` finds the keys some query attends without a (seq, mem) matrix.

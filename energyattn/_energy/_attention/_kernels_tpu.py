@@ -33,6 +33,15 @@ def _as_row(column):
     return wide.T[:1]
 
 
+def _block_spec(shape, index_map):
+    """A `BlockSpec` whose block indices are int32, as Mosaic takes them: with 64-bit mode
+    on (`jax_enable_x64`) a literal `0` or the causal triangle's arithmetic is int64, and
+    Mosaic failed to compile every kernel ("failed to legalize operation 'func.return'")."""
+    return pl.BlockSpec(
+        shape, lambda *grid: tuple(jnp.asarray(b, jnp.int32) for b in index_map(*grid))
+    )
+
+
 def run(spec, ops, out_shapes, cost, *, interpret, name):
     """`spec`'s pass over `ops` (`_kernels.operands`), its outputs `out_shapes`."""
     tiles = spec.tiles
@@ -59,23 +68,23 @@ def run(spec, ops, out_shapes, cost, *, interpret, name):
     for op in ops:
         side = op.side
         if side == "qk":
-            spec_ = pl.BlockSpec(
+            spec_ = _block_spec(
                 (tiles.bq, tiles.bk), lambda i, j: (query_block(i, j), key_block(i, j))
             )
         elif side == "one":
-            spec_ = pl.BlockSpec((1, 1), lambda i, j: (0, 0))
+            spec_ = _block_spec((1, 1), lambda i, j: (0, 0))
         else:
             rows, block = (tiles.bq, query_block) if axis(side) == "q" else (tiles.bk, key_block)
             if side in ("qrow", "krow") or _is_column(op):
-                spec_ = pl.BlockSpec((1, rows), lambda i, j, b=block: (0, b(i, j)))
+                spec_ = _block_spec((1, rows), lambda i, j, b=block: (0, b(i, j)))
             else:
-                spec_ = pl.BlockSpec((rows, op.array.shape[1]), lambda i, j, b=block: (b(i, j), 0))
+                spec_ = _block_spec((rows, op.array.shape[1]), lambda i, j, b=block: (b(i, j), 0))
         in_specs.append(spec_)
     outer_rows = tiles.bq if by_queries else tiles.bk
     out_specs = [
-        pl.BlockSpec((1, outer_rows), lambda i, j: (0, i))
+        _block_spec((1, outer_rows), lambda i, j: (0, i))
         if s.shape[1] == 1
-        else pl.BlockSpec((outer_rows, s.shape[1]), lambda i, j: (i, 0))
+        else _block_spec((outer_rows, s.shape[1]), lambda i, j: (i, 0))
         for s in out_shapes
     ]
     acc = out_shapes[-1].dtype
