@@ -17,8 +17,8 @@ What it covers, per chip (`device_compile.matrix(chip, "ci")`):
   meet every form on each platform), the dtypes (float16 on GPUs), the lengths (1000, 64k,
   128k) and the head sizes (64, 80, 128, 256) cycling;
 - the layers and models (`HopfieldAttention`, `EnergyTransformer`, the energy-based
-  transformer; bfloat16, head size 64): each one's value and gradient, and its HVP, one on
-  a GPU and the other on a TPU (`device_compile.MODEL_CASES`). Their kernels are the
+  transformer; bfloat16, head size 64): each one's value and gradient on a GPU and on a
+  TPU, and `HopfieldAttention`'s HVP (`device_compile.MODEL_CASES`). Their kernels are the
   attention programs'; their other programs (MLPs, the layers' scan) took more than half
   of the check's time when every form of them compiled on both platforms;
 - on the H100 and the B200, sequences shorter than a tile (17 tokens, the float32 HVP with
