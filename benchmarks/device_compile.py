@@ -48,17 +48,10 @@ from pathlib import Path
 
 CHIPS = ("a100", "h100", "b200", "v4", "v5e", "v5p", "v6e")
 GPUS = ("a100", "h100", "b200")
-PROGRAMS = (
-    "lse",
-    "lse_causal",
-    "lse_exclude_self",
-    "lse_dense_mask",
-    "lse_segments",
-    "heads",
-    "HopfieldAttention",
-    "EnergyTransformer",
-    "EnergyBasedTransformer",
-)
+#: The attention programs, then the layers and models.
+ATTENTION = ("lse", "lse_causal", "lse_exclude_self", "lse_dense_mask", "lse_segments", "heads")
+MODELS = ("HopfieldAttention", "EnergyTransformer", "EnergyBasedTransformer")
+PROGRAMS = ATTENTION + MODELS
 #: Beyond the issue's matrix (`--matrix more`): queries fewer than keys, both structures.
 MORE_PROGRAMS = ("lse_cross_padded", "lse_causal_exclude_self")
 FORMS = ("value", "value_and_grad", "jvp", "hvp", "linearize")
@@ -67,8 +60,6 @@ HEADS = (64, 80, 128, 256)
 #: `--matrix more`: lengths and head sizes the issue's matrix does not name.
 MORE_LENGTHS = (1, 17, 4097, 100003)
 MORE_HEADS = (16, 32, 96, 192, 512)
-#: The layers and models among `PROGRAMS`.
-MODELS = ("HopfieldAttention", "EnergyTransformer", "EnergyBasedTransformer")
 #: The CI matrix's cases of the layers and models, and the chip of each: the training form
 #: (value and gradient) of each on a GPU and on a TPU, and `HopfieldAttention`'s HVP on a
 #: TPU, in the chip's first dtype (bfloat16), head size 64. The models' HVPs took 14-46 s
@@ -227,12 +218,13 @@ def matrix(chip: str, which: str) -> list[tuple]:
     # platform taking turns, the dtypes, lengths and head sizes cycling.
     same = [c for c in CHIPS if (c in GPUS) == (chip in GPUS)]
     turn = same.index(chip)
-    attention = [p for p in PROGRAMS if p not in MODELS]
-    for i, (prog, form_) in enumerate(itertools.product(attention, FORMS)):
+    for i, (prog, form_) in enumerate(itertools.product(ATTENTION, FORMS)):
         if i % len(same) == turn:
             n = i // len(same) + turn
             seq = LENGTHS[0] if prog == "lse_dense_mask" else LENGTHS[n % len(LENGTHS)]
-            cases.append((prog, form_, dtypes(chip)[n % len(dtypes(chip))], seq, HEADS[n % 4]))
+            cases.append(
+                (prog, form_, dtypes(chip)[n % len(dtypes(chip))], seq, HEADS[n % len(HEADS)])
+            )
     # The layers and models (`MODEL_CASES`): one per chip. Their kernels are the
     # attention programs' (above, on every chip), their other programs (MLPs, position
     # tables, the layers' scan) take up to 45 s a case to compile, and at 1000 tokens as at
@@ -253,7 +245,7 @@ def more(chip: str, per_chip: int = 16) -> list[tuple]:
     cases = []
     for _ in range(per_chip):
         prog = draw.choice(PROGRAMS + MORE_PROGRAMS)
-        model = prog[0].isupper()
+        model = prog in MODELS
         seq = draw.choice(MORE_LENGTHS[:2] if model or prog == "lse_dense_mask" else MORE_LENGTHS)
         head = 96 if model else draw.choice(MORE_HEADS)
         cases.append((prog, draw.choice(FORMS), draw.choice(dtypes(chip)), seq, head))
@@ -278,7 +270,7 @@ def compile_case(chip: str, case: tuple, hbm_only: bool = False) -> dict:
     start = time.perf_counter()
     x64 = jax.config.values["jax_enable_x64"]
     try:
-        jax.config.update("jax_enable_x64", name.endswith(X64))
+        jax.config.update("jax_enable_x64", x64 or name.endswith(X64))
         x = jax.ShapeDtypeStruct((seq, width(name, head)), jnp.dtype(dtype))
         fn = form(how, program(name, seq, head))
         names = ("energy_attention", CONTROL)
